@@ -1,0 +1,66 @@
+// Command dispatcher is the dispatcher Lambda (provided.al2023, bootstrap):
+// on each EventBridge Scheduler tick it publishes outbox events to the SNS
+// FIFO topic until shortly before its deadline. Everything is built once at
+// init; the handler lives in pkg/lambdafn/dispatcher.
+//
+// Environment: FIFOBOX_TOPIC_ARN (required); database: FIFOBOX_DATABASE_URL,
+// or FIFOBOX_DB_HOST, FIFOBOX_DB_PORT, FIFOBOX_DB_NAME, FIFOBOX_DB_USER,
+// FIFOBOX_DB_IAM_AUTH (see pkg/db); optional knobs: FIFOBOX_BATCH_SIZE,
+// FIFOBOX_PUBLISH_CONCURRENCY, FIFOBOX_MAX_ATTEMPTS, FIFOBOX_POLL_INTERVAL,
+// FIFOBOX_DEADLINE_MARGIN, FIFOBOX_METRICS_INTERVAL,
+// FIFOBOX_METRICS_NAMESPACE.
+package main
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+
+	"github.com/aws/aws-lambda-go/lambda"
+
+	"github.com/fifobox/fifobox/pkg/awsclient"
+	"github.com/fifobox/fifobox/pkg/db"
+	"github.com/fifobox/fifobox/pkg/lambdafn/dispatcher"
+	"github.com/fifobox/fifobox/pkg/metrics"
+	"github.com/fifobox/fifobox/pkg/outbox/snspub"
+)
+
+func main() {
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	slog.SetDefault(log)
+	h, err := setup(context.Background())
+	if err != nil {
+		log.Error("dispatcher init failed", "error", err.Error())
+		os.Exit(1)
+	}
+	lambda.Start(h.Handle)
+}
+
+func setup(ctx context.Context) (*dispatcher.Handler, error) {
+	topic := os.Getenv("FIFOBOX_TOPIC_ARN")
+	if topic == "" {
+		return nil, errors.New("FIFOBOX_TOPIC_ARN is required")
+	}
+	cfg, err := dispatcher.ConfigFromEnv()
+	if err != nil {
+		return nil, err
+	}
+	dbc, err := db.FromEnv()
+	if err != nil {
+		return nil, err
+	}
+	awsCfg, err := awsclient.Load(ctx)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := db.Open(ctx, dbc, awsCfg.Credentials)
+	if err != nil {
+		return nil, err
+	}
+	pub, err := snspub.New(awsclient.SNS(awsCfg), snspub.Config{TopicARN: topic})
+	if err != nil {
+		return nil, err
+	}
+	return dispatcher.New(pool, pub, metrics.FromEnv(), cfg)
+}

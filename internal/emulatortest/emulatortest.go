@@ -1,0 +1,197 @@
+// Package emulatortest connects integration tests to an SNS/SQS endpoint:
+// FIFOBOX_TEST_AWS_ENDPOINT (or AWS_ENDPOINT_URL) if set, such as LocalStack
+// or Floci; otherwise the Docker-free fauxqs emulator on 127.0.0.1:4566,
+// started through localstack/emulator.sh if it is not running. Each test
+// provisions its own topology under a unique name prefix, so tests run in
+// parallel on one emulator. FIFOBOX_SKIP_EMULATOR=1 skips these tests.
+package emulatortest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/sns"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+
+	"github.com/fifobox/fifobox/pkg/awsclient"
+	"github.com/fifobox/fifobox/pkg/topology"
+	"github.com/fifobox/fifobox/pkg/topology/provision"
+)
+
+var (
+	once     sync.Once
+	endpoint string
+	startErr error
+)
+
+// Endpoint returns the AWS endpoint for tests, starting the local emulator if needed.
+func Endpoint(tb testing.TB) string {
+	tb.Helper()
+	if os.Getenv("FIFOBOX_SKIP_EMULATOR") == "1" {
+		tb.Skip("FIFOBOX_SKIP_EMULATOR=1")
+	}
+	once.Do(func() {
+		for _, v := range []string{"FIFOBOX_TEST_AWS_ENDPOINT", "AWS_ENDPOINT_URL"} {
+			if e := os.Getenv(v); e != "" {
+				endpoint = e
+				fmt.Fprintf(os.Stderr, "emulatortest: using %s=%s\n", v, e)
+				return
+			}
+		}
+		endpoint = "http://127.0.0.1:4566"
+		if healthy(endpoint) {
+			fmt.Fprintf(os.Stderr, "emulatortest: using the emulator already running at %s\n", endpoint)
+			return
+		}
+		cmd := exec.Command(filepath.Join(RepoRoot(), "localstack", "emulator.sh"), "start")
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			startErr = fmt.Errorf("start emulator: %w", err)
+			return
+		}
+		fmt.Fprintf(os.Stderr, "emulatortest: started fauxqs at %s\n", endpoint)
+	})
+	if startErr != nil {
+		tb.Fatalf("emulatortest: %v (set FIFOBOX_SKIP_EMULATOR=1 to skip)", startErr)
+	}
+	return endpoint
+}
+
+// Config returns SDK configuration for the endpoint with dummy credentials.
+func Config(tb testing.TB, endpoint string) aws.Config {
+	tb.Helper()
+	cfg, err := config.LoadDefaultConfig(context.Background(),
+		config.WithRegion("us-east-1"),
+		config.WithCredentialsProvider(credentials.NewStaticCredentialsProvider("test", "test", "")),
+		config.WithBaseEndpoint(endpoint),
+	)
+	if err != nil {
+		tb.Fatalf("emulatortest: config: %v", err)
+	}
+	return cfg
+}
+
+// Env is a test's own provisioned topology on the emulator.
+type Env struct {
+	Endpoint string
+	SNS      *sns.Client
+	SQS      *sqs.Client
+	provision.Resources
+}
+
+// New provisions topology t under a unique prefix. visibility overrides the
+// queues' visibility timeout (seconds; 0 keeps the topology's).
+func New(tb testing.TB, t topology.Topology, visibility int) *Env {
+	tb.Helper()
+	return NewAt(tb, Endpoint(tb), t, visibility)
+}
+
+// NewAt is New against a given endpoint (e.g. a dedicated Process).
+func NewAt(tb testing.TB, ep string, t topology.Topology, visibility int) *Env {
+	tb.Helper()
+	cfg := Config(tb, ep)
+	e := &Env{Endpoint: ep, SNS: awsclient.SNS(cfg), SQS: awsclient.SQS(cfg)}
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := provision.Provision(ctx, e.SNS, e.SQS, t, provision.Options{Prefix: "t" + hex.EncodeToString(b) + "-", VisibilityTimeoutSeconds: visibility})
+	if err != nil {
+		tb.Fatalf("emulatortest: provision: %v", err)
+	}
+	e.Resources = res
+	return e
+}
+
+func healthy(endpoint string) bool {
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get(endpoint + "/health")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == 200
+}
+
+// RepoRoot finds the directory holding go.mod, from the test's directory up.
+func RepoRoot() string {
+	dir, _ := os.Getwd()
+	for d := dir; d != "/"; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			if _, err := os.Stat(filepath.Join(d, "localstack")); err == nil {
+				return d
+			}
+		}
+	}
+	return dir
+}
+
+// Process is a dedicated emulator the test can stop and restart (outage
+// tests). Its state persists in a temporary directory across restarts.
+type Process struct {
+	tb      testing.TB
+	Port    int
+	URL     string
+	dataDir string
+	cmd     *exec.Cmd
+}
+
+// StartProcess starts a dedicated fauxqs on a free port (state persisted
+// in a temporary directory across Stop/Start).
+func StartProcess(tb testing.TB) *Process {
+	tb.Helper()
+	if os.Getenv("FIFOBOX_SKIP_EMULATOR") == "1" {
+		tb.Skip("FIFOBOX_SKIP_EMULATOR=1")
+	}
+	Endpoint(tb) // make sure it is installed
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	p := &Process{tb: tb, Port: port, URL: fmt.Sprintf("http://127.0.0.1:%d", port), dataDir: tb.TempDir()}
+	p.Start()
+	tb.Cleanup(p.Stop)
+	return p
+}
+
+// Start (re)starts the process and waits until it is healthy.
+func (p *Process) Start() {
+	p.tb.Helper()
+	root := RepoRoot()
+	p.cmd = exec.Command(filepath.Join(root, "localstack", "node_modules", ".bin", "node"), filepath.Join(root, "localstack", "launcher.mjs"))
+	p.cmd.Env = append(os.Environ(), fmt.Sprintf("FIFOBOX_EMULATOR_PORT=%d", p.Port), "FIFOBOX_EMULATOR_DATA_DIR="+p.dataDir)
+	if err := p.cmd.Start(); err != nil {
+		p.tb.Fatalf("emulatortest: start dedicated emulator: %v", err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !healthy(p.URL) {
+		if time.Now().After(deadline) {
+			p.tb.Fatalf("emulatortest: dedicated emulator on %d not healthy", p.Port)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// Stop kills the process (an outage, as abrupt as a crash).
+func (p *Process) Stop() {
+	if p.cmd != nil && p.cmd.Process != nil {
+		_ = p.cmd.Process.Kill()
+		_ = p.cmd.Wait()
+		p.cmd = nil
+	}
+}

@@ -1,0 +1,71 @@
+// Package migrations holds fifobox's versioned SQL schema, embedded in the
+// binary and applied with goose. Lambdas, the CLI and tests all call Up.
+package migrations
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+)
+
+//go:embed *.sql
+var files embed.FS
+
+// Up applies every pending migration to the database (and schema, via the
+// pool's search_path) behind pool. It is idempotent and safe to call from
+// several processes at once: a session advisory lock, keyed by the target
+// schema, serialises concurrent callers.
+func Up(ctx context.Context, pool *pgxpool.Pool) error {
+	var schema string
+	if err := pool.QueryRow(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
+		return fmt.Errorf("migrate: read current schema: %w", err)
+	}
+	h := fnv.New64a()
+	h.Write([]byte("fifobox-migrate:" + schema))
+	locker, err := lock.NewPostgresSessionLocker(
+		lock.WithLockID(int64(h.Sum64()>>1)),
+		lock.WithLockTimeout(1, 300), // retry every second for up to 5 minutes
+	)
+	if err != nil {
+		return fmt.Errorf("migrate: locker: %w", err)
+	}
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	p, err := goose.NewProvider(goose.DialectPostgres, db, files,
+		goose.WithSessionLocker(locker),
+		goose.WithTableName("fifobox_schema_version"),
+	)
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	results, err := p.Up(ctx)
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	for _, r := range results {
+		slog.InfoContext(ctx, "migration applied", "version", r.Source.Version, "file", r.Source.Path, "duration_ms", r.Duration.Milliseconds())
+	}
+	return nil
+}
+
+// Version returns the schema version currently applied (0 if none).
+func Version(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	p, err := goose.NewProvider(goose.DialectPostgres, db, files, goose.WithTableName("fifobox_schema_version"))
+	if err != nil {
+		return 0, fmt.Errorf("migrate: %w", err)
+	}
+	v, err := p.GetDBVersion(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("migrate: read version: %w", err)
+	}
+	return v, nil
+}

@@ -1,0 +1,39 @@
+package migrations_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/fifobox/fifobox/internal/pgtest"
+	"github.com/fifobox/fifobox/migrations"
+)
+
+func TestUpIsIdempotentAndConcurrent(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewEmpty(t)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	for i := range errs {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i] = migrations.Up(ctx, db.Pool) }()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("concurrent Up %d: %v", i, err)
+		}
+	}
+	if err := migrations.Up(ctx, db.Pool); err != nil {
+		t.Fatalf("second Up: %v", err)
+	}
+	v, err := migrations.Version(ctx, db.Pool)
+	if err != nil || v < 1 {
+		t.Fatalf("Version = %d, %v; want >= 1", v, err)
+	}
+	var n int
+	if err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&n); err != nil {
+		t.Fatalf("outbox table missing in schema %s: %v", db.Schema, err)
+	}
+}

@@ -1,0 +1,203 @@
+// Package db builds the PostgreSQL connection pool every fifobox process
+// uses: a plain DSN locally, or RDS Proxy in AWS with an IAM auth token
+// minted per new connection and TLS verified against trusted roots.
+//
+// The pool never depends on session state: statements run in
+// QueryExecModeExec (no server-side prepared statements), so RDS Proxy does
+// not pin connections and pgbouncer in transaction mode works; and nothing
+// relies on query cancellation, which RDS Proxy does not support.
+package db
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/feature/rds/auth"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Config says how to reach PostgreSQL. Either URL, or Host/Name/User with IAMAuth.
+type Config struct {
+	// URL is a plain connection string (FIFOBOX_DATABASE_URL). Wins over the fields below.
+	URL string
+	// Host, Port, Name, User reach RDS Proxy (FIFOBOX_DB_HOST, FIFOBOX_DB_PORT (5432), FIFOBOX_DB_NAME, FIFOBOX_DB_USER).
+	Host string
+	Port int
+	Name string
+	User string
+	// IAMAuth mints an RDS IAM auth token per new connection (FIFOBOX_DB_IAM_AUTH=true).
+	IAMAuth bool
+	// Region for IAM tokens (AWS_REGION).
+	Region string
+	// CABundle is a PEM file of extra trusted roots (FIFOBOX_DB_CA_BUNDLE);
+	// RDS Proxy's certificates chain to Amazon roots already in the system store.
+	CABundle string
+	// MaxConns bounds the pool (FIFOBOX_DB_MAX_CONNS). Default 4: a Lambda
+	// instance handles one invocation at a time.
+	MaxConns int32
+}
+
+// FromEnv reads the configuration from the environment.
+func FromEnv() (Config, error) {
+	c := Config{
+		URL: os.Getenv("FIFOBOX_DATABASE_URL"), Host: os.Getenv("FIFOBOX_DB_HOST"), Name: os.Getenv("FIFOBOX_DB_NAME"),
+		User: os.Getenv("FIFOBOX_DB_USER"), Region: os.Getenv("AWS_REGION"), CABundle: os.Getenv("FIFOBOX_DB_CA_BUNDLE"),
+	}
+	var err error
+	if c.Port, err = intEnv("FIFOBOX_DB_PORT", 5432); err != nil {
+		return c, err
+	}
+	maxConns, err := intEnv("FIFOBOX_DB_MAX_CONNS", 4)
+	if err != nil {
+		return c, err
+	}
+	c.MaxConns = int32(maxConns)
+	if v := os.Getenv("FIFOBOX_DB_IAM_AUTH"); v != "" {
+		if c.IAMAuth, err = strconv.ParseBool(v); err != nil {
+			return c, fmt.Errorf("FIFOBOX_DB_IAM_AUTH=%q: want true or false", v)
+		}
+	}
+	return c, c.Validate()
+}
+
+func intEnv(name string, def int) (int, error) {
+	v := os.Getenv(name)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("%s=%q: want a positive integer", name, v)
+	}
+	return n, nil
+}
+
+// Validate names the first missing or invalid setting by its variable.
+func (c Config) Validate() error {
+	if c.URL != "" {
+		if _, err := pgxpool.ParseConfig(c.URL); err != nil {
+			return fmt.Errorf("FIFOBOX_DATABASE_URL: %v", redactErr(err))
+		}
+		return nil
+	}
+	switch {
+	case c.Host == "":
+		return errors.New("FIFOBOX_DATABASE_URL or FIFOBOX_DB_HOST is required")
+	case c.Name == "":
+		return errors.New("FIFOBOX_DB_NAME is required with FIFOBOX_DB_HOST")
+	case c.User == "":
+		return errors.New("FIFOBOX_DB_USER is required with FIFOBOX_DB_HOST")
+	case c.Port <= 0 || c.Port > 65535:
+		return fmt.Errorf("FIFOBOX_DB_PORT=%d: must be 1-65535", c.Port)
+	case c.IAMAuth && c.Region == "":
+		return errors.New("AWS_REGION is required with FIFOBOX_DB_IAM_AUTH=true")
+	case !c.IAMAuth:
+		return errors.New("FIFOBOX_DB_IAM_AUTH=true is required with FIFOBOX_DB_HOST (passwords belong in FIFOBOX_DATABASE_URL)")
+	}
+	return nil
+}
+
+// TokenFunc mints an IAM auth token for endpoint ("host:port").
+type TokenFunc func(ctx context.Context, endpoint, region, user string, creds aws.CredentialsProvider) (string, error)
+
+// PoolConfig builds the pgxpool configuration. creds is used for IAM tokens
+// (nil when IAMAuth is off); mint defaults to auth.BuildAuthToken.
+func PoolConfig(c Config, creds aws.CredentialsProvider, mint TokenFunc) (*pgxpool.Config, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	var pc *pgxpool.Config
+	var err error
+	if c.URL != "" {
+		pc, err = pgxpool.ParseConfig(c.URL)
+		if err != nil {
+			return nil, fmt.Errorf("FIFOBOX_DATABASE_URL: %v", redactErr(err))
+		}
+	} else {
+		dsn := (&url.URL{Scheme: "postgres", User: url.User(c.User), Host: net.JoinHostPort(c.Host, strconv.Itoa(c.Port)), Path: "/" + c.Name,
+			RawQuery: "sslmode=verify-full"}).String()
+		pc, err = pgxpool.ParseConfig(dsn)
+		if err != nil {
+			return nil, fmt.Errorf("database config: %w", err)
+		}
+		roots, err := x509.SystemCertPool()
+		if err != nil || roots == nil {
+			roots = x509.NewCertPool()
+		}
+		if c.CABundle != "" {
+			pem, err := os.ReadFile(c.CABundle)
+			if err != nil {
+				return nil, fmt.Errorf("FIFOBOX_DB_CA_BUNDLE: %w", err)
+			}
+			if !roots.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("FIFOBOX_DB_CA_BUNDLE=%s: no PEM certificates", c.CABundle)
+			}
+		}
+		pc.ConnConfig.TLSConfig = &tls.Config{ServerName: c.Host, RootCAs: roots, MinVersion: tls.VersionTLS12}
+		pc.ConnConfig.Fallbacks = nil // never fall back to plaintext
+		if mint == nil {
+			mint = func(ctx context.Context, endpoint, region, user string, creds aws.CredentialsProvider) (string, error) {
+				return auth.BuildAuthToken(ctx, endpoint, region, user, creds)
+			}
+		}
+		if creds == nil {
+			return nil, errors.New("database config: IAM auth needs AWS credentials")
+		}
+		endpoint := net.JoinHostPort(c.Host, strconv.Itoa(c.Port))
+		// Tokens live 15 minutes and are checked only at connect time: mint
+		// one for every new connection.
+		pc.BeforeConnect = func(ctx context.Context, cc *pgx.ConnConfig) error {
+			tok, err := mint(ctx, endpoint, c.Region, c.User, creds)
+			if err != nil {
+				return fmt.Errorf("mint RDS IAM auth token: %w", err)
+			}
+			cc.Password = tok
+			return nil
+		}
+	}
+	pc.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	pc.MaxConns = c.MaxConns
+	if pc.MaxConns <= 0 {
+		pc.MaxConns = 4
+	}
+	pc.MaxConnIdleTime = 5 * time.Minute
+	pc.ConnConfig.ConnectTimeout = 10 * time.Second
+	return pc, nil
+}
+
+// Open builds the pool and checks it can connect.
+func Open(ctx context.Context, c Config, creds aws.CredentialsProvider) (*pgxpool.Pool, error) {
+	pc, err := PoolConfig(c, creds, nil)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("open database pool: %w", err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect to database %s: %w", pc.ConnConfig.Host, err)
+	}
+	return pool, nil
+}
+
+// redactErr keeps connection-string parse errors from echoing a password.
+func redactErr(err error) string {
+	if u := errors.Unwrap(err); u != nil {
+		return "cannot parse connection string (" + u.Error() + ")"
+	}
+	return "cannot parse connection string"
+}

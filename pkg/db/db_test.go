@@ -1,0 +1,103 @@
+package db_test
+
+import (
+	"context"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/feature/rds/auth"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fifobox/fifobox/pkg/db"
+)
+
+func TestFromEnvValidationNamesTheVariable(t *testing.T) {
+	cases := []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{}, "FIFOBOX_DATABASE_URL or FIFOBOX_DB_HOST"},
+		{map[string]string{"FIFOBOX_DB_HOST": "proxy"}, "FIFOBOX_DB_NAME"},
+		{map[string]string{"FIFOBOX_DB_HOST": "proxy", "FIFOBOX_DB_NAME": "app"}, "FIFOBOX_DB_USER"},
+		{map[string]string{"FIFOBOX_DB_HOST": "proxy", "FIFOBOX_DB_NAME": "app", "FIFOBOX_DB_USER": "u", "FIFOBOX_DB_PORT": "x"}, "FIFOBOX_DB_PORT"},
+		{map[string]string{"FIFOBOX_DB_HOST": "proxy", "FIFOBOX_DB_NAME": "app", "FIFOBOX_DB_USER": "u", "FIFOBOX_DB_IAM_AUTH": "maybe"}, "FIFOBOX_DB_IAM_AUTH"},
+		{map[string]string{"FIFOBOX_DB_HOST": "proxy", "FIFOBOX_DB_NAME": "app", "FIFOBOX_DB_USER": "u", "FIFOBOX_DB_IAM_AUTH": "true", "AWS_REGION": ""}, "AWS_REGION"},
+		{map[string]string{"FIFOBOX_DATABASE_URL": "postgres://u:secret@h:notaport/db"}, "FIFOBOX_DATABASE_URL"},
+	}
+	for _, tc := range cases {
+		for _, k := range []string{"FIFOBOX_DATABASE_URL", "FIFOBOX_DB_HOST", "FIFOBOX_DB_NAME", "FIFOBOX_DB_USER", "FIFOBOX_DB_PORT", "FIFOBOX_DB_IAM_AUTH", "AWS_REGION", "FIFOBOX_DB_MAX_CONNS"} {
+			t.Setenv(k, tc.env[k])
+		}
+		_, err := db.FromEnv()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("env %v: err %v, want it to name %s", tc.env, err, tc.want)
+		}
+		if err != nil && strings.Contains(err.Error(), "secret") {
+			t.Errorf("error leaks the password: %v", err)
+		}
+	}
+}
+
+// The IAM path: every new connection gets a freshly minted token (checked
+// by counting mints), signed for host:port and the user, over verified TLS,
+// in the exec query mode that RDS Proxy does not pin.
+func TestIAMTokenPerConnection(t *testing.T) {
+	creds := credentials.NewStaticCredentialsProvider("AKIDEXAMPLE", "SECRETEXAMPLE", "")
+	cfg := db.Config{Host: "proxy.example.internal", Port: 5432, Name: "app", User: "fifobox", IAMAuth: true, Region: "eu-west-1", MaxConns: 2}
+	var mints atomic.Int32
+	mint := func(ctx context.Context, endpoint, region, user string, c aws.CredentialsProvider) (string, error) {
+		mints.Add(1)
+		return auth.BuildAuthToken(ctx, endpoint, region, user, c)
+	}
+	pc, err := db.PoolConfig(cfg, creds, mint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pc.ConnConfig.DefaultQueryExecMode != pgx.QueryExecModeExec {
+		t.Fatalf("query mode %v, want exec (no prepared statements, no pinning)", pc.ConnConfig.DefaultQueryExecMode)
+	}
+	if pc.ConnConfig.TLSConfig == nil || pc.ConnConfig.TLSConfig.ServerName != cfg.Host || pc.ConnConfig.TLSConfig.InsecureSkipVerify {
+		t.Fatalf("TLS not verified against the host: %+v", pc.ConnConfig.TLSConfig)
+	}
+	if len(pc.ConnConfig.Fallbacks) != 0 {
+		t.Fatal("plaintext fallback configured")
+	}
+	for i := 1; i <= 3; i++ {
+		cc := pc.ConnConfig.Copy()
+		if err := pc.BeforeConnect(context.Background(), cc); err != nil {
+			t.Fatal(err)
+		}
+		if int(mints.Load()) != i {
+			t.Fatalf("connection %d: %d tokens minted", i, mints.Load())
+		}
+		u, err := url.Parse("https://" + cc.Password)
+		if err != nil {
+			t.Fatalf("token %q: %v", cc.Password, err)
+		}
+		q := u.Query()
+		if u.Host != "proxy.example.internal:5432" || q.Get("Action") != "connect" || q.Get("DBUser") != "fifobox" ||
+			q.Get("X-Amz-Signature") == "" || !strings.Contains(q.Get("X-Amz-Credential"), "AKIDEXAMPLE/") ||
+			!strings.Contains(q.Get("X-Amz-Credential"), "/eu-west-1/rds-db/aws4_request") || q.Get("X-Amz-Expires") != "900" {
+			t.Fatalf("token does not look like an RDS IAM token for the proxy: %s", cc.Password)
+		}
+	}
+}
+
+func TestPlainURL(t *testing.T) {
+	pc, err := db.PoolConfig(db.Config{URL: "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pc.BeforeConnect != nil || pc.ConnConfig.DefaultQueryExecMode != pgx.QueryExecModeExec || pc.MaxConns != 4 {
+		t.Fatalf("plain config: %+v", pc)
+	}
+	pool, err := db.Open(context.Background(), db.Config{URL: "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool.Close()
+}

@@ -1,0 +1,327 @@
+package inbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fifobox/fifobox/internal/pgtest"
+	"github.com/fifobox/fifobox/pkg/envelope"
+	"github.com/fifobox/fifobox/pkg/inbox"
+)
+
+func ev(agg string, seq int64) envelope.Envelope {
+	id, _ := uuid.NewV7()
+	return envelope.Envelope{ID: id.String(), Type: "thing.happened", OccurredAt: time.Now().UTC(), AggregateType: "thing",
+		AggregateID: agg, Sequence: seq, SchemaVersion: 1, Payload: json.RawMessage(`{}`)}
+}
+
+// effects counts side effects in the database, inside the inbox transaction.
+const effectsTable = `CREATE TABLE effects (event_id uuid, aggregate_id text, sequence bigint, n serial)`
+
+func countEffects(t testing.TB, db *pgtest.DB, eventID string) int {
+	t.Helper()
+	var n int
+	if err := db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM effects WHERE event_id = $1", eventID).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func record(ctx context.Context, tx pgx.Tx, e envelope.Envelope) error {
+	_, err := tx.Exec(ctx, "INSERT INTO effects (event_id, aggregate_id, sequence) VALUES ($1, $2, $3)", e.ID, e.AggregateID, e.Sequence)
+	return err
+}
+
+func newDB(t *testing.T) *pgtest.DB {
+	db := pgtest.New(t)
+	if _, err := db.Pool.Exec(context.Background(), effectsTable); err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
+func TestProcessAppliesOnceUnderRepeatedDelivery(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	ctx := context.Background()
+	e := ev("a", 1)
+	for i, want := range []inbox.Outcome{inbox.Applied, inbox.Duplicate, inbox.Duplicate} {
+		out, err := inbox.Process(ctx, db.Pool, "c1", e, func(ctx context.Context, tx pgx.Tx) error { return record(ctx, tx, e) })
+		if err != nil || out != want {
+			t.Fatalf("delivery %d: %v, %v; want %v", i+1, out, err, want)
+		}
+	}
+	if n := countEffects(t, db, e.ID); n != 1 {
+		t.Fatalf("side effect ran %d times, want 1", n)
+	}
+	// Another consumer has its own inbox entry.
+	if out, _ := inbox.Process(ctx, db.Pool, "c2", e, func(ctx context.Context, tx pgx.Tx) error { return record(ctx, tx, e) }); out != inbox.Applied {
+		t.Fatalf("second consumer: %v", out)
+	}
+}
+
+func TestProcessConcurrentDuplicates(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	ctx := context.Background()
+	for round := 0; round < 20; round++ {
+		e := ev("a", int64(round+1))
+		var applied atomic.Int32
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := 0; i < 2; i++ { // two handler instances get the same event at once
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				out, err := inbox.Process(ctx, db.Pool, "c", e, func(ctx context.Context, tx pgx.Tx) error {
+					time.Sleep(5 * time.Millisecond) // hold the claim while the other arrives
+					return record(ctx, tx, e)
+				})
+				if err != nil {
+					t.Error(err)
+				}
+				if out == inbox.Applied {
+					applied.Add(1)
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		if applied.Load() != 1 || countEffects(t, db, e.ID) != 1 {
+			t.Fatalf("round %d: applied %d times, %d effects", round, applied.Load(), countEffects(t, db, e.ID))
+		}
+	}
+}
+
+func TestProcessErrorRollsBackClaim(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	ctx := context.Background()
+	e := ev("a", 1)
+	boom := errors.New("boom")
+	_, err := inbox.Process(ctx, db.Pool, "c", e, func(ctx context.Context, tx pgx.Tx) error {
+		if err := record(ctx, tx, e); err != nil {
+			return err
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("err = %v", err)
+	}
+	if countEffects(t, db, e.ID) != 0 {
+		t.Fatal("effect survived the rollback")
+	}
+	out, err := inbox.Process(ctx, db.Pool, "c", e, func(ctx context.Context, tx pgx.Tx) error { return record(ctx, tx, e) })
+	if err != nil || out != inbox.Applied || countEffects(t, db, e.ID) != 1 {
+		t.Fatalf("retry after failure: %v %v", out, err)
+	}
+}
+
+func TestPrune(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	ctx := context.Background()
+	for i := 0; i < 12; i++ {
+		e := ev("p", int64(i+1))
+		if _, err := inbox.Process(ctx, db.Pool, "c", e, func(context.Context, pgx.Tx) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := db.Pool.Exec(ctx, "UPDATE inbox SET processed_at = now() - interval '40 days' WHERE sequence <= 9"); err != nil {
+		t.Fatal(err)
+	}
+	n, err := inbox.Prune(ctx, db.Pool, inbox.DefaultRetention, 4)
+	if err != nil || n != 9 {
+		t.Fatalf("Prune = %d, %v; want 9", n, err)
+	}
+	if _, err := inbox.Prune(ctx, db.Pool, time.Minute, 10); err == nil {
+		t.Fatal("retention inside the dedup window accepted")
+	}
+}
+
+// fakeDLQ records dead-lettered messages.
+type fakeDLQ struct {
+	mu   sync.Mutex
+	sent []*sqs.SendMessageInput
+	fail bool
+}
+
+func (f *fakeDLQ) SendMessage(ctx context.Context, in *sqs.SendMessageInput, _ ...func(*sqs.Options)) (*sqs.SendMessageOutput, error) {
+	if f.fail {
+		return nil, errors.New("dlq unavailable")
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.sent = append(f.sent, in)
+	return &sqs.SendMessageOutput{MessageId: aws.String("dlq-1")}, nil
+}
+
+type rec struct {
+	id, group string
+	body      string // "" = a valid envelope for group/seq
+	seq       int64
+}
+
+// Behaviour of a test apply: by aggregate id and sequence.
+func testApply(ctx context.Context, tx pgx.Tx, e envelope.Envelope) error {
+	switch fmt.Sprintf("%s/%d", e.AggregateID, e.Sequence) {
+	case "A/2", "X/1":
+		return errors.New("database busy") // transient
+	case "P/1":
+		return inbox.Permanent(errors.New("order does not exist"))
+	case "Z/1":
+		panic("nil map")
+	}
+	return record(ctx, tx, e)
+}
+
+func TestHandlerPartialBatchFailures(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name       string
+		records    []rec
+		dlqFails   bool
+		wantFailed []string
+		wantDLQ    []string // message ids dead-lettered
+		wantApply  []string // message ids whose effect happened
+	}{
+		{
+			name:      "all succeed",
+			records:   []rec{{id: "1", group: "A", seq: 1}, {id: "2", group: "B", seq: 1}, {id: "3", group: "A", seq: 3}},
+			wantApply: []string{"1", "2", "3"},
+		},
+		{
+			name: "failure in the middle blocks the rest of its group only",
+			records: []rec{{id: "1", group: "A", seq: 1}, {id: "2", group: "B", seq: 1}, {id: "3", group: "A", seq: 2},
+				{id: "4", group: "B", seq: 2}, {id: "5", group: "A", seq: 3}, {id: "6", group: "C", seq: 1}},
+			wantFailed: []string{"3", "5"},
+			wantApply:  []string{"1", "2", "4", "6"},
+		},
+		{
+			name:       "first record fails: its whole group is reported",
+			records:    []rec{{id: "1", group: "X", seq: 1}, {id: "2", group: "X", seq: 2}, {id: "3", group: "X", seq: 3}},
+			wantFailed: []string{"1", "2", "3"},
+		},
+		{
+			name:      "invalid envelope goes to the DLQ at once; its group continues",
+			records:   []rec{{id: "1", group: "I", body: `{"v":1,"id":"nope"}`}, {id: "2", group: "I", seq: 2}},
+			wantDLQ:   []string{"1"},
+			wantApply: []string{"2"},
+		},
+		{
+			name:      "permanent error goes to the DLQ at once; its group continues",
+			records:   []rec{{id: "1", group: "P", seq: 1}, {id: "2", group: "P", seq: 2}},
+			wantDLQ:   []string{"1"},
+			wantApply: []string{"2"},
+		},
+		{
+			name:       "DLQ unavailable: the record is retried, never lost",
+			records:    []rec{{id: "1", group: "P", seq: 1}, {id: "2", group: "P", seq: 2}, {id: "3", group: "Q", seq: 1}},
+			dlqFails:   true,
+			wantFailed: []string{"1", "2"},
+			wantApply:  []string{"3"},
+		},
+		{
+			name:       "panic fails its record, not the batch",
+			records:    []rec{{id: "1", group: "Z", seq: 1}, {id: "2", group: "Y", seq: 1}},
+			wantFailed: []string{"1"},
+			wantApply:  []string{"2"},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			db := newDB(t)
+			dlq := &fakeDLQ{fail: tc.dlqFails}
+			var metrics inbox.BatchMetrics
+			h, err := inbox.NewHandler(db.Pool, dlq, testApply, inbox.HandlerConfig{Consumer: "c", DLQURL: "dlq-url", OnBatch: func(m inbox.BatchMetrics) { metrics = m }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var sqsEv events.SQSEvent
+			idOf := map[string]string{} // event id -> message id
+			for _, r := range tc.records {
+				body := r.body
+				if body == "" {
+					e := ev(r.group, r.seq)
+					b, _ := e.Encode()
+					body = string(b)
+					idOf[e.ID] = r.id
+				}
+				sqsEv.Records = append(sqsEv.Records, events.SQSMessage{MessageId: r.id, Body: body,
+					Attributes: map[string]string{"MessageGroupId": r.group, "ApproximateReceiveCount": "1"}})
+			}
+			resp, err := h.Handle(context.Background(), sqsEv)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var failed []string
+			for _, f := range resp.BatchItemFailures {
+				failed = append(failed, f.ItemIdentifier)
+			}
+			if fmt.Sprint(failed) != fmt.Sprint(orEmpty(tc.wantFailed)) {
+				t.Errorf("failures %v, want %v", failed, tc.wantFailed)
+			}
+			var dead []string
+			for _, s := range dlq.sent {
+				dead = append(dead, aws.ToString(s.MessageDeduplicationId))
+				if s.MessageAttributes[inbox.AttrErrorReason].StringValue == nil || aws.ToString(s.MessageGroupId) == "" {
+					t.Errorf("DLQ message without reason or group: %+v", s)
+				}
+			}
+			if fmt.Sprint(dead) != fmt.Sprint(orEmpty(tc.wantDLQ)) {
+				t.Errorf("dead-lettered %v, want %v", dead, tc.wantDLQ)
+			}
+			rows, _ := db.Pool.Query(context.Background(), "SELECT event_id::text FROM effects ORDER BY n")
+			ids, _ := pgx.CollectRows(rows, pgx.RowTo[string])
+			var applied []string
+			for _, id := range ids {
+				applied = append(applied, idOf[id])
+			}
+			if fmt.Sprint(applied) != fmt.Sprint(orEmpty(tc.wantApply)) {
+				t.Errorf("applied %v, want %v", applied, tc.wantApply)
+			}
+			if metrics.Processed != len(tc.wantApply) || metrics.Records != len(tc.records) {
+				t.Errorf("metrics %+v", metrics)
+			}
+		})
+	}
+}
+
+func orEmpty(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+func TestHandlerDuplicateInBatchAndMissingID(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	h, _ := inbox.NewHandler(db.Pool, &fakeDLQ{}, testApply, inbox.HandlerConfig{Consumer: "c", DLQURL: "d"})
+	e := ev("D", 1)
+	b, _ := e.Encode()
+	msg := func(id string) events.SQSMessage {
+		return events.SQSMessage{MessageId: id, Body: string(b), Attributes: map[string]string{"MessageGroupId": "D"}}
+	}
+	resp, err := h.Handle(context.Background(), events.SQSEvent{Records: []events.SQSMessage{msg("1"), msg("2")}})
+	if err != nil || len(resp.BatchItemFailures) != 0 || countEffects(t, db, e.ID) != 1 {
+		t.Fatalf("same event twice in a batch: %+v %v, effects %d", resp, err, countEffects(t, db, e.ID))
+	}
+	if _, err := h.Handle(context.Background(), events.SQSEvent{Records: []events.SQSMessage{msg("")}}); err == nil {
+		t.Fatal("record without message id: want an error (whole batch retried), never an empty identifier")
+	}
+}

@@ -1,0 +1,238 @@
+// Package snspub is the outbox.Publisher for an SNS FIFO topic.
+//
+// It sends PublishBatch calls of at most 10 entries and 262,144 bytes, with
+// MessageGroupId = aggregate id and MessageDeduplicationId = event id, and
+// maps every entry's result to nil (published), a retryable error
+// (throttling, 5xx, network) or outbox.Permanent (the request itself is
+// invalid, so no retry can succeed).
+package snspub
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sns"
+	"github.com/aws/aws-sdk-go-v2/service/sns/types"
+	"github.com/aws/smithy-go"
+
+	"github.com/fifobox/fifobox/pkg/envelope"
+	"github.com/fifobox/fifobox/pkg/outbox"
+)
+
+// API is the part of the SNS client the publisher uses.
+type API interface {
+	PublishBatch(ctx context.Context, in *sns.PublishBatchInput, optFns ...func(*sns.Options)) (*sns.PublishBatchOutput, error)
+}
+
+// Config configures a Publisher.
+type Config struct {
+	// TopicARN of the SNS FIFO topic. Required.
+	TopicARN string
+	// MaxEntries per PublishBatch call. Default 10, the SNS limit.
+	MaxEntries int
+	// MaxBatchBytes per PublishBatch call, bodies plus attributes. Default 262,144, the SNS limit.
+	MaxBatchBytes int
+}
+
+func (c *Config) setDefaults() {
+	if c.MaxEntries == 0 {
+		c.MaxEntries = 10
+	}
+	if c.MaxBatchBytes == 0 {
+		c.MaxBatchBytes = envelope.DefaultMaxMessageBytes
+	}
+}
+
+// Validate reports the first invalid field.
+func (c Config) Validate() error {
+	switch {
+	case c.TopicARN == "":
+		return errors.New("TopicARN: required")
+	case c.MaxEntries < 1 || c.MaxEntries > 10:
+		return fmt.Errorf("MaxEntries %d: must be 1-10", c.MaxEntries)
+	case c.MaxBatchBytes < 1024 || c.MaxBatchBytes > envelope.DefaultMaxMessageBytes:
+		return fmt.Errorf("MaxBatchBytes %d: must be 1024-%d", c.MaxBatchBytes, envelope.DefaultMaxMessageBytes)
+	}
+	return nil
+}
+
+// Publisher publishes outbox messages to SNS FIFO.
+type Publisher struct {
+	api API
+	cfg Config
+}
+
+// New returns a Publisher.
+func New(api API, cfg Config) (*Publisher, error) {
+	if api == nil {
+		return nil, errors.New("new sns publisher: api is nil")
+	}
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("new sns publisher: %w", err)
+	}
+	return &Publisher{api: api, cfg: cfg}, nil
+}
+
+var _ outbox.Publisher = (*Publisher)(nil)
+
+// ErrPredecessorFailed is returned for a message whose earlier message of the
+// same group in the same Publish call was not published: sending it would
+// break the group's order.
+var ErrPredecessorFailed = errors.New("snspub: an earlier message of the same group was not published")
+
+// Publish implements outbox.Publisher. Messages of one group are published
+// strictly in the given order, each only after the previous one succeeded
+// (the dispatcher never passes two, but the publisher does not rely on it).
+func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error {
+	errs := make([]error, len(msgs))
+	// Waves: the k-th message of each group goes in wave k.
+	seen := map[string]int{}
+	var waves [][]int
+	for i, m := range msgs {
+		k := seen[m.GroupID]
+		seen[m.GroupID] = k + 1
+		if k == len(waves) {
+			waves = append(waves, nil)
+		}
+		waves[k] = append(waves[k], i)
+	}
+	failedGroup := map[string]bool{}
+	for _, wave := range waves {
+		var send []int
+		for _, i := range wave {
+			if failedGroup[msgs[i].GroupID] {
+				errs[i] = ErrPredecessorFailed
+				continue
+			}
+			send = append(send, i)
+		}
+		for _, batch := range p.split(msgs, send) {
+			p.publishBatch(ctx, msgs, batch, errs)
+		}
+		for _, i := range wave {
+			if errs[i] != nil {
+				failedGroup[msgs[i].GroupID] = true
+			}
+		}
+	}
+	return errs
+}
+
+// split groups indexes into calls within the entry and byte limits.
+func (p *Publisher) split(msgs []outbox.Message, idx []int) [][]int {
+	var out [][]int
+	var cur []int
+	size := 0
+	for _, i := range idx {
+		n := len(msgs[i].Body) + envelope.AttributesSize(msgs[i].Attributes)
+		if len(cur) > 0 && (len(cur) == p.cfg.MaxEntries || size+n > p.cfg.MaxBatchBytes) {
+			out = append(out, cur)
+			cur, size = nil, 0
+		}
+		cur = append(cur, i)
+		size += n
+	}
+	if len(cur) > 0 {
+		out = append(out, cur)
+	}
+	return out
+}
+
+func (p *Publisher) publishBatch(ctx context.Context, msgs []outbox.Message, idx []int, errs []error) {
+	entries := make([]types.PublishBatchRequestEntry, len(idx))
+	for k, i := range idx {
+		m := msgs[i]
+		attrs := make(map[string]types.MessageAttributeValue, len(m.Attributes))
+		for name, v := range m.Attributes {
+			attrs[name] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(v)}
+		}
+		entries[k] = types.PublishBatchRequestEntry{
+			Id:                     aws.String(strconv.Itoa(k)),
+			Message:                aws.String(string(m.Body)),
+			MessageGroupId:         aws.String(m.GroupID),
+			MessageDeduplicationId: aws.String(m.DedupID),
+			MessageAttributes:      attrs,
+		}
+	}
+	out, err := p.api.PublishBatch(ctx, &sns.PublishBatchInput{TopicArn: aws.String(p.cfg.TopicARN), PublishBatchRequestEntries: entries})
+	if err != nil {
+		err = classify(err)
+		if outbox.IsPermanent(err) && len(idx) > 1 {
+			// One bad entry can fail a whole call: isolate it so the others
+			// are not declared dead with it.
+			for _, i := range idx {
+				p.publishBatch(ctx, msgs, []int{i}, errs)
+			}
+			return
+		}
+		for _, i := range idx {
+			errs[i] = fmt.Errorf("sns publish batch: %w", err)
+		}
+		return
+	}
+	done := make([]bool, len(idx))
+	for _, s := range out.Successful {
+		if k, ok := entryIndex(s.Id, len(idx)); ok {
+			done[k] = true
+		}
+	}
+	for _, f := range out.Failed {
+		k, ok := entryIndex(f.Id, len(idx))
+		if !ok {
+			continue
+		}
+		done[k] = true
+		e := fmt.Errorf("sns publish entry: %s: %s", aws.ToString(f.Code), aws.ToString(f.Message))
+		if f.SenderFault && !retryableCode(aws.ToString(f.Code)) {
+			e = outbox.Permanent(e)
+		}
+		errs[idx[k]] = e
+	}
+	for k, ok := range done {
+		if !ok {
+			errs[idx[k]] = errors.New("sns publish entry: no result returned for entry")
+		}
+	}
+}
+
+func entryIndex(id *string, n int) (int, bool) {
+	k, err := strconv.Atoi(aws.ToString(id))
+	return k, err == nil && k >= 0 && k < n
+}
+
+// classify marks errors no retry can fix as permanent; everything else
+// (throttling, 5xx, network, timeouts, unknown) stays retryable, because
+// retrying is always safe and giving up loses an event.
+func classify(err error) error {
+	var apiErr smithy.APIError
+	if errors.As(err, &apiErr) {
+		if apiErr.ErrorFault() == smithy.FaultClient && permanentCode(apiErr.ErrorCode()) {
+			return outbox.Permanent(err)
+		}
+	}
+	return err
+}
+
+func permanentCode(code string) bool {
+	switch code {
+	case "InvalidParameter", "InvalidParameterValue", "InvalidParameterException",
+		"ValidationError", "ValidationException", "BatchEntryIdsNotDistinct",
+		"BatchRequestTooLong", "TooManyEntriesInBatchRequest", "EmptyBatchRequest",
+		"InvalidBatchEntryId", "InvalidMessage":
+		return true
+	}
+	return false
+}
+
+func retryableCode(code string) bool {
+	switch code {
+	case "Throttling", "ThrottlingException", "Throttled", "ThrottledException", "TooManyRequestsException",
+		"KMSThrottling", "KMSThrottlingException", "InternalError", "InternalFailure", "ServiceUnavailable":
+		return true
+	}
+	return false
+}

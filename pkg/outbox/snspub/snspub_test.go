@@ -1,0 +1,207 @@
+package snspub_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sns"
+	"github.com/aws/aws-sdk-go-v2/service/sns/types"
+	"github.com/aws/smithy-go"
+
+	"github.com/fifobox/fifobox/pkg/outbox"
+	"github.com/fifobox/fifobox/pkg/outbox/snspub"
+)
+
+// fakeSNS records calls and answers per entry through a callback.
+type fakeSNS struct {
+	mu    sync.Mutex
+	calls [][]types.PublishBatchRequestEntry
+	// entry decides an entry's fate: nil = success, else a failure.
+	entry func(e types.PublishBatchRequestEntry) *types.BatchResultErrorEntry
+	// call, if set, fails the whole call.
+	call func(entries []types.PublishBatchRequestEntry) error
+}
+
+func (f *fakeSNS) PublishBatch(ctx context.Context, in *sns.PublishBatchInput, _ ...func(*sns.Options)) (*sns.PublishBatchOutput, error) {
+	f.mu.Lock()
+	f.calls = append(f.calls, in.PublishBatchRequestEntries)
+	f.mu.Unlock()
+	if f.call != nil {
+		if err := f.call(in.PublishBatchRequestEntries); err != nil {
+			return nil, err
+		}
+	}
+	out := &sns.PublishBatchOutput{}
+	for _, e := range in.PublishBatchRequestEntries {
+		if f.entry != nil {
+			if fail := f.entry(e); fail != nil {
+				fail.Id = e.Id
+				out.Failed = append(out.Failed, *fail)
+				continue
+			}
+		}
+		out.Successful = append(out.Successful, types.PublishBatchResultEntry{Id: e.Id, MessageId: aws.String("m-" + aws.ToString(e.Id))})
+	}
+	return out, nil
+}
+
+func msg(group string, seq int64, bodySize int) outbox.Message {
+	return outbox.Message{
+		EventID: fmt.Sprintf("00000000-0000-7000-8000-%012d", seq), DedupID: fmt.Sprintf("00000000-0000-7000-8000-%012d", seq),
+		GroupID: group, Sequence: seq, Body: []byte(strings.Repeat("b", bodySize)),
+		Attributes: map[string]string{"event_type": "order.created", "aggregate_type": "order"},
+	}
+}
+
+func TestSplitsByEntriesAndBytes(t *testing.T) {
+	t.Parallel()
+	f := &fakeSNS{}
+	p, err := snspub.New(f, snspub.Config{TopicARN: "arn:aws:sns:us-east-1:000000000000:t.fifo"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []outbox.Message
+	for i := 0; i < 23; i++ {
+		msgs = append(msgs, msg(fmt.Sprintf("g%d", i), int64(i+1), 100))
+	}
+	for _, e := range p.Publish(context.Background(), msgs) {
+		if e != nil {
+			t.Fatal(e)
+		}
+	}
+	if len(f.calls) != 3 || len(f.calls[0]) != 10 || len(f.calls[2]) != 3 {
+		t.Fatalf("calls of %v entries, want 10,10,3", lens(f.calls))
+	}
+	// Four 100 KB messages: at most two fit under 256 KiB per call.
+	f.calls = nil
+	big := []outbox.Message{msg("a", 1, 100_000), msg("b", 2, 100_000), msg("c", 3, 100_000), msg("d", 4, 100_000)}
+	for _, e := range p.Publish(context.Background(), big) {
+		if e != nil {
+			t.Fatal(e)
+		}
+	}
+	if got := lens(f.calls); len(got) != 2 || got[0] != 2 || got[1] != 2 {
+		t.Fatalf("calls of %v entries, want 2,2", got)
+	}
+	e := f.calls[0][0]
+	if aws.ToString(e.MessageGroupId) != "a" || aws.ToString(e.MessageDeduplicationId) != big[0].DedupID ||
+		aws.ToString(e.MessageAttributes["event_type"].StringValue) != "order.created" {
+		t.Fatalf("entry = %+v", e)
+	}
+}
+
+func lens(calls [][]types.PublishBatchRequestEntry) []int {
+	var n []int
+	for _, c := range calls {
+		n = append(n, len(c))
+	}
+	return n
+}
+
+func TestPerEntryResultClassification(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name      string
+		code      string
+		sender    bool
+		permanent bool
+	}{
+		{"invalid parameter", "InvalidParameter", true, true},
+		{"too long", "InvalidParameterValue", true, true},
+		{"throttled entry", "Throttled", true, false},
+		{"internal error", "InternalError", false, false},
+		{"unknown server fault", "Weird", false, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &fakeSNS{entry: func(e types.PublishBatchRequestEntry) *types.BatchResultErrorEntry {
+				if aws.ToString(e.MessageGroupId) == "bad" {
+					return &types.BatchResultErrorEntry{Code: aws.String(tc.code), SenderFault: tc.sender, Message: aws.String("nope")}
+				}
+				return nil
+			}}
+			p, _ := snspub.New(f, snspub.Config{TopicARN: "arn"})
+			errs := p.Publish(context.Background(), []outbox.Message{msg("ok1", 1, 10), msg("bad", 2, 10), msg("ok2", 3, 10)})
+			if errs[0] != nil || errs[2] != nil {
+				t.Fatalf("neighbours failed: %v", errs)
+			}
+			if errs[1] == nil || outbox.IsPermanent(errs[1]) != tc.permanent {
+				t.Fatalf("entry error %v: permanent=%v, want %v", errs[1], outbox.IsPermanent(errs[1]), tc.permanent)
+			}
+		})
+	}
+}
+
+func TestWholeCallErrors(t *testing.T) {
+	t.Parallel()
+	throttle := &smithy.GenericAPIError{Code: "Throttling", Message: "Rate exceeded", Fault: smithy.FaultClient}
+	f := &fakeSNS{call: func([]types.PublishBatchRequestEntry) error { return throttle }}
+	p, _ := snspub.New(f, snspub.Config{TopicARN: "arn"})
+	for _, e := range p.Publish(context.Background(), []outbox.Message{msg("a", 1, 10), msg("b", 2, 10)}) {
+		if e == nil || outbox.IsPermanent(e) || !errors.As(e, new(smithy.APIError)) {
+			t.Fatalf("throttled call: %v, want retryable API error", e)
+		}
+	}
+	// An invalid-parameter failure of a whole call is retried entry by entry,
+	// so only the bad entry goes dead.
+	bad := &smithy.GenericAPIError{Code: "InvalidParameter", Message: "bad entry", Fault: smithy.FaultClient}
+	f = &fakeSNS{call: func(es []types.PublishBatchRequestEntry) error {
+		for _, e := range es {
+			if aws.ToString(e.MessageGroupId) == "bad" {
+				return bad
+			}
+		}
+		return nil
+	}}
+	p, _ = snspub.New(f, snspub.Config{TopicARN: "arn"})
+	errs := p.Publish(context.Background(), []outbox.Message{msg("a", 1, 10), msg("bad", 2, 10), msg("c", 3, 10)})
+	if errs[0] != nil || errs[2] != nil || !outbox.IsPermanent(errs[1]) {
+		t.Fatalf("errs = %v; want only the bad entry permanent", errs)
+	}
+}
+
+// Two messages of one group in one call go out in order, the second only
+// after the first succeeded.
+func TestSameGroupKeepsOrder(t *testing.T) {
+	t.Parallel()
+	f := &fakeSNS{}
+	p, _ := snspub.New(f, snspub.Config{TopicARN: "arn"})
+	errs := p.Publish(context.Background(), []outbox.Message{msg("g", 1, 10), msg("h", 2, 10), msg("g", 3, 10)})
+	for _, e := range errs {
+		if e != nil {
+			t.Fatal(e)
+		}
+	}
+	if len(f.calls) != 2 || aws.ToString(f.calls[1][0].MessageGroupId) != "g" || aws.ToString(f.calls[1][0].MessageDeduplicationId) != msg("g", 3, 0).DedupID {
+		t.Fatalf("calls = %v; want g#1,h then g#3", lens(f.calls))
+	}
+	f = &fakeSNS{entry: func(e types.PublishBatchRequestEntry) *types.BatchResultErrorEntry {
+		if aws.ToString(e.MessageDeduplicationId) == msg("g", 1, 0).DedupID {
+			return &types.BatchResultErrorEntry{Code: aws.String("InternalError")}
+		}
+		return nil
+	}}
+	p, _ = snspub.New(f, snspub.Config{TopicARN: "arn"})
+	errs = p.Publish(context.Background(), []outbox.Message{msg("g", 1, 10), msg("g", 3, 10)})
+	if errs[0] == nil || !errors.Is(errs[1], snspub.ErrPredecessorFailed) || len(f.calls) != 1 {
+		t.Fatalf("errs = %v, calls %d; the successor must not be sent after its predecessor failed", errs, len(f.calls))
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	for name, cfg := range map[string]snspub.Config{
+		"no topic":    {},
+		"11 entries":  {TopicARN: "a", MaxEntries: 11},
+		"bytes > 256": {TopicARN: "a", MaxBatchBytes: 300000},
+	} {
+		if _, err := snspub.New(&fakeSNS{}, cfg); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}

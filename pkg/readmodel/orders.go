@@ -1,0 +1,67 @@
+// Package readmodel is fifobox's example consumer: it keeps the
+// orders_read_model table current from order events. It shows the pattern to
+// copy: a pure Apply function over (tx, envelope) that inbox.Handler runs
+// inside the inbox transaction, so each event changes the table exactly once.
+package readmodel
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fifobox/fifobox/pkg/envelope"
+	"github.com/fifobox/fifobox/pkg/inbox"
+)
+
+// OrderEvent is the payload of order.created, order.paid and order.shipped.
+type OrderEvent struct {
+	OrderID     string `json:"order_id"`
+	CustomerID  string `json:"customer_id"`
+	AmountCents int64  `json:"amount_cents"`
+	Currency    string `json:"currency"`
+}
+
+const (
+	sqlCreated = `INSERT INTO orders_read_model (order_id, customer_id, amount_cents, currency, status, last_sequence, event_count)
+VALUES ($1, $2, $3, $4, 'created', $5, 1)
+ON CONFLICT (order_id) DO UPDATE SET customer_id = EXCLUDED.customer_id, amount_cents = EXCLUDED.amount_cents,
+    currency = EXCLUDED.currency, last_sequence = EXCLUDED.last_sequence,
+    event_count = orders_read_model.event_count + 1, updated_at = now()`
+	sqlStatus = `INSERT INTO orders_read_model (order_id, status, last_sequence, event_count)
+VALUES ($1, $2, $3, 1)
+ON CONFLICT (order_id) DO UPDATE SET status = EXCLUDED.status, last_sequence = EXCLUDED.last_sequence,
+    event_count = orders_read_model.event_count + 1, updated_at = now()`
+)
+
+// Apply updates the read model from one event. Non-order events and unknown
+// order event types are ignored (still recorded in the inbox). A payload
+// that does not parse is a permanent error: retrying cannot fix it.
+func Apply(ctx context.Context, tx pgx.Tx, e envelope.Envelope) error {
+	if e.AggregateType != "order" {
+		return nil
+	}
+	var p OrderEvent
+	if err := json.Unmarshal(e.Payload, &p); err != nil {
+		return inbox.Permanent(fmt.Errorf("order event %s: payload: %w", e.ID, err))
+	}
+	if p.OrderID == "" {
+		p.OrderID = e.AggregateID
+	}
+	var err error
+	switch e.Type {
+	case "order.created":
+		_, err = tx.Exec(ctx, sqlCreated, p.OrderID, p.CustomerID, p.AmountCents, p.Currency, e.Sequence)
+	case "order.paid":
+		_, err = tx.Exec(ctx, sqlStatus, p.OrderID, "paid", e.Sequence)
+	case "order.shipped":
+		_, err = tx.Exec(ctx, sqlStatus, p.OrderID, "shipped", e.Sequence)
+	default:
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("apply %s to order %s: %w", e.Type, p.OrderID, err)
+	}
+	return nil
+}

@@ -1,0 +1,230 @@
+package redrive
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fifobox/fifobox/migrations"
+	"github.com/fifobox/fifobox/pkg/outbox"
+)
+
+// Status is the pipeline's state for operators: the outbox backlog and each
+// consumer's queue and DLQ depth.
+type Status struct {
+	Backlog outbox.Backlog `json:"backlog"`
+	Queues  []QueueDepth   `json:"queues,omitempty"`
+}
+
+// QueueDepth is one consumer's approximate queue depths (SQS GetQueueAttributes).
+type QueueDepth struct {
+	Consumer    string `json:"consumer"`
+	Visible     int64  `json:"visible"`
+	InFlight    int64  `json:"in_flight"`
+	DLQ         int64  `json:"dlq"`
+	DLQInFlight int64  `json:"dlq_in_flight"`
+	Error       string `json:"error,omitempty"`
+}
+
+// DeadItem is one dead outbox event (no payload).
+type DeadItem struct {
+	ID            int64     `json:"id"`
+	EventID       string    `json:"event_id"`
+	EventType     string    `json:"event_type"`
+	AggregateType string    `json:"aggregate_type"`
+	AggregateID   string    `json:"aggregate_id"`
+	Sequence      int64     `json:"sequence"`
+	Attempts      int       `json:"attempts"`
+	LastError     string    `json:"last_error"`
+	CreatedAt     time.Time `json:"created_at"`
+}
+
+func (s *Service) migrate(ctx context.Context, cmd Command) (Result, error) {
+	if err := migrations.Up(ctx, s.db); err != nil {
+		return Result{}, err
+	}
+	id, err := s.auditStart(ctx, s.db, cmd)
+	if err != nil {
+		return Result{}, err
+	}
+	return Result{Operation: cmd.Operation, AuditID: id, Message: "migrations applied"}, s.auditFinish(ctx, id, cmd, 0, nil)
+}
+
+func (s *Service) status(ctx context.Context, cmd Command) (Result, error) {
+	b, err := outbox.Stats(ctx, s.db)
+	if err != nil {
+		return Result{}, err
+	}
+	st := &Status{Backlog: b}
+	if s.sqs != nil {
+		for _, name := range s.cfg.Queues.Names() {
+			if cmd.Consumer != "" && name != cmd.Consumer {
+				continue
+			}
+			st.Queues = append(st.Queues, s.depth(ctx, name, s.cfg.Queues[name]))
+		}
+	}
+	return Result{Operation: cmd.Operation, Status: st}, nil
+}
+
+func (s *Service) depth(ctx context.Context, name string, q QueueURLs) QueueDepth {
+	d := QueueDepth{Consumer: name}
+	get := func(url string) (int64, int64, error) {
+		out, err := s.sqs.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: aws.String(url),
+			AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameApproximateNumberOfMessages,
+				sqstypes.QueueAttributeNameApproximateNumberOfMessagesNotVisible}})
+		if err != nil {
+			return 0, 0, err
+		}
+		v, _ := strconv.ParseInt(out.Attributes[string(sqstypes.QueueAttributeNameApproximateNumberOfMessages)], 10, 64)
+		nv, _ := strconv.ParseInt(out.Attributes[string(sqstypes.QueueAttributeNameApproximateNumberOfMessagesNotVisible)], 10, 64)
+		return v, nv, nil
+	}
+	var err error
+	if d.Visible, d.InFlight, err = get(q.QueueURL); err != nil {
+		d.Error = "queue: " + err.Error()
+		return d
+	}
+	if d.DLQ, d.DLQInFlight, err = get(q.DLQURL); err != nil {
+		d.Error = "dlq: " + err.Error()
+	}
+	return d
+}
+
+func (s *Service) deadList(ctx context.Context, cmd Command) (Result, error) {
+	limit := cmd.Limit
+	if limit <= 0 {
+		limit = defaultLimit
+	}
+	rows, err := s.db.Query(ctx, `SELECT id, event_id::text, event_type, aggregate_type, aggregate_id, aggregate_seq, attempts,
+       coalesce(last_error, ''), created_at
+FROM outbox WHERE state = 'dead' AND ($1 = '' OR aggregate_type = $1)
+ORDER BY id LIMIT $2`, cmd.AggregateType, limit)
+	if err != nil {
+		return Result{}, fmt.Errorf("list dead events: %w", err)
+	}
+	items, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadItem, error) {
+		var d DeadItem
+		err := r.Scan(&d.ID, &d.EventID, &d.EventType, &d.AggregateType, &d.AggregateID, &d.Sequence, &d.Attempts, &d.LastError, &d.CreatedAt)
+		return d, err
+	})
+	if err != nil {
+		return Result{}, fmt.Errorf("list dead events: %w", err)
+	}
+	return Result{Operation: cmd.Operation, Affected: int64(len(items)), Dead: items}, nil
+}
+
+func (s *Service) prune(ctx context.Context, cmd Command) (Result, error) {
+	older := defaultPruneAg
+	if cmd.OlderThan != "" {
+		d, err := time.ParseDuration(cmd.OlderThan)
+		if err != nil || d < 0 {
+			return Result{}, fmt.Errorf("older_than %q: want a duration such as 168h", cmd.OlderThan)
+		}
+		older = d
+	}
+	if cmd.DryRun {
+		var n int64
+		if err := s.db.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE state = 'sent' AND sent_at < $1`, time.Now().Add(-older)).Scan(&n); err != nil {
+			return Result{}, fmt.Errorf("count prunable events: %w", err)
+		}
+		return Result{Operation: cmd.Operation, DryRun: true, Affected: n, Message: fmt.Sprintf("would delete %d sent events older than %s", n, older)}, nil
+	}
+	id, err := s.auditStart(ctx, s.db, cmd)
+	if err != nil {
+		return Result{}, err
+	}
+	n, err := outbox.Prune(ctx, s.db, older, 5000)
+	if ferr := s.auditFinish(ctx, id, cmd, n, err); err == nil {
+		err = ferr
+	}
+	return Result{Operation: cmd.Operation, AuditID: id, Affected: n, Message: fmt.Sprintf("deleted %d sent events older than %s", n, older)}, err
+}
+
+// selection builds the WHERE clause shared by requeue-dead and replay.
+func selection(cmd Command, requireType bool) (ids []uuid.UUID, since, until *time.Time, err error) {
+	ids = []uuid.UUID{} // never NULL: cardinality(NULL) would exclude every row
+	for _, s := range cmd.EventIDs {
+		u, err := uuid.Parse(s)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("event id %q: %w", s, err)
+		}
+		ids = append(ids, u)
+	}
+	if len(ids) == 0 && cmd.AggregateType == "" {
+		return nil, nil, nil, errors.New("select events by event_ids or by aggregate_type (with since/until)")
+	}
+	if requireType && cmd.AggregateType == "" {
+		return nil, nil, nil, errors.New("aggregate_type is required")
+	}
+	if cmd.Since != nil && cmd.Until != nil && !cmd.Since.Before(*cmd.Until) {
+		return nil, nil, nil, errors.New("since must be before until")
+	}
+	return ids, cmd.Since, cmd.Until, nil
+}
+
+const sqlSelectWhere = `
+  AND (cardinality($1::uuid[]) = 0 OR event_id = ANY($1::uuid[]))
+  AND ($2 = '' OR aggregate_type = $2)
+  AND ($3::timestamptz IS NULL OR created_at >= $3)
+  AND ($4::timestamptz IS NULL OR created_at < $4)`
+
+func (s *Service) requeueDead(ctx context.Context, cmd Command) (Result, error) {
+	ids, since, until, err := selection(cmd, false)
+	if err != nil {
+		return Result{}, fmt.Errorf("requeue-dead: %w", err)
+	}
+	res := Result{Operation: cmd.Operation, DryRun: cmd.DryRun}
+	var n int64
+	var aggs int
+	if err := s.db.QueryRow(ctx, `SELECT count(*), count(DISTINCT (aggregate_type, aggregate_id)) FROM outbox WHERE state = 'dead'`+sqlSelectWhere,
+		ids, cmd.AggregateType, since, until).Scan(&n, &aggs); err != nil {
+		return res, fmt.Errorf("requeue-dead: count: %w", err)
+	}
+	res.Affected, res.Aggregates = n, aggs
+	if n > int64(cmd.Max) {
+		return res, fmt.Errorf("requeue-dead: %d dead events selected, more than max %d: narrow the selection or raise max", n, cmd.Max)
+	}
+	if cmd.DryRun {
+		res.Message = fmt.Sprintf("would requeue %d dead events of %d aggregates", n, aggs)
+		return res, nil
+	}
+	var auditID int64
+	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		if auditID, err = s.auditStart(ctx, tx, cmd); err != nil {
+			return err
+		}
+		// Rows are locked in aggregate order (deterministic, no deadlock with
+		// a concurrent requeue); the dispatcher publishes each aggregate's
+		// requeued head first and the events parked behind it after it.
+		tag, err := tx.Exec(ctx, `
+WITH sel AS (
+  SELECT id FROM outbox WHERE state = 'dead'`+sqlSelectWhere+`
+  ORDER BY aggregate_type, aggregate_id, aggregate_seq
+  FOR UPDATE
+)
+UPDATE outbox o SET state = 'pending', attempts = 0, next_attempt_at = now(), claim_token = NULL
+FROM sel WHERE o.id = sel.id`, ids, cmd.AggregateType, since, until)
+		if err != nil {
+			return fmt.Errorf("requeue dead events: %w", err)
+		}
+		res.Affected = tag.RowsAffected()
+		_, err = tx.Exec(ctx, `UPDATE redrive_audit SET status = 'done', affected = $2, finished_at = now() WHERE id = $1`, auditID, res.Affected)
+		return err
+	})
+	if err != nil {
+		return res, fmt.Errorf("requeue-dead: %w", err)
+	}
+	res.AuditID = auditID
+	res.Message = fmt.Sprintf("requeued %d dead events of %d aggregates", res.Affected, aggs)
+	s.log.Info("redrive operation finished", "audit_id", auditID, "operation", cmd.Operation, "actor", cmd.Actor, "status", "done", "affected", res.Affected)
+	return res, nil
+}

@@ -1,0 +1,237 @@
+// Package redrive holds fifobox's operator actions on a running pipeline,
+// shared by the redrive Lambda and the fifobox CLI:
+//
+//   - requeue-dead: dead outbox rows go back to pending (attempts 0, due
+//     now); the dispatcher's head-only claim then publishes each aggregate's
+//     events in sequence order, the requeued one first.
+//   - replay: sent events of one aggregate type and time range are sent again
+//     to ONE consumer's SQS queue (same body, MessageGroupId = aggregate id,
+//     in sequence order), after deleting that consumer's inbox entries for
+//     exactly those events in the transaction that writes the audit row, so
+//     only that consumer re-applies them (to rebuild a read model).
+//   - dlq-redrive: messages move from a consumer's DLQ back to its queue by
+//     receive-and-resend (works on AWS, LocalStack and emulators without
+//     StartMessageMoveTask), keeping MessageGroupId and order within a group.
+//   - migrate, prune, and the read-only status and dead-list.
+//
+// Every action that changes something writes a redrive_audit row (who, what,
+// parameters, when, how many, outcome) and a log line.
+package redrive
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sort"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fifobox/fifobox/pkg/topology"
+)
+
+// Operations.
+const (
+	OpMigrate      = "migrate"
+	OpStatus       = "status"
+	OpDeadList     = "dead-list"
+	OpRequeueDead  = "requeue-dead"
+	OpReplay       = "replay"
+	OpDLQRedrive   = "dlq-redrive"
+	OpPrune        = "prune"
+	defaultMax     = 100_000
+	sqsBatchSize   = 9 // SQS allows 10; some emulators reorder a 10-entry batch
+	defaultLimit   = 100
+	defaultPruneAg = 7 * 24 * time.Hour
+)
+
+// Command is one operator request, the JSON the redrive Lambda is invoked
+// with and the CLI builds from its flags.
+type Command struct {
+	// Operation is one of migrate, status, dead-list, requeue-dead, replay, dlq-redrive, prune.
+	Operation string `json:"operation"`
+	// Actor says who asked (the CLI sends user@host); recorded in the audit.
+	Actor string `json:"actor,omitempty"`
+	// RequestID correlates the audit row with the Lambda request (set by the Lambda).
+	RequestID string `json:"request_id,omitempty"`
+	// DryRun reports what would be done without doing it.
+	DryRun bool `json:"dry_run,omitempty"`
+
+	// EventIDs selects events by id (requeue-dead).
+	EventIDs []string `json:"event_ids,omitempty"`
+	// AggregateType, Since and Until select events by aggregate type and
+	// creation time, Since inclusive, Until exclusive (requeue-dead, replay).
+	AggregateType string     `json:"aggregate_type,omitempty"`
+	Since         *time.Time `json:"since,omitempty"`
+	Until         *time.Time `json:"until,omitempty"`
+	// Consumer is the target consumer (replay, dlq-redrive; optional for status).
+	Consumer string `json:"consumer,omitempty"`
+	// Max bounds how many events or messages the operation may touch:
+	// dlq-redrive moves at most Max; requeue-dead and replay refuse a
+	// selection larger than Max. Default 100,000.
+	Max int `json:"max,omitempty"`
+	// Limit bounds dead-list rows (default 100).
+	Limit int `json:"limit,omitempty"`
+	// OlderThan is prune's retention, a Go duration such as "168h" (default 7 days).
+	OlderThan string `json:"older_than,omitempty"`
+}
+
+// Result is an operation's outcome (the Lambda's response; the CLI prints it).
+type Result struct {
+	Operation string `json:"operation"`
+	AuditID   int64  `json:"audit_id,omitempty"`
+	DryRun    bool   `json:"dry_run,omitempty"`
+	// Affected counts events or messages touched (or that would be, in a dry run).
+	Affected int64 `json:"affected"`
+	// Aggregates counts distinct aggregates touched (requeue-dead, replay).
+	Aggregates int    `json:"aggregates,omitempty"`
+	Message    string `json:"message,omitempty"`
+	// Status and Dead are filled by status and dead-list.
+	Status *Status    `json:"status,omitempty"`
+	Dead   []DeadItem `json:"dead,omitempty"`
+}
+
+// QueueURLs locates one consumer's queue and DLQ.
+type QueueURLs struct {
+	QueueURL string `json:"queue_url"`
+	DLQURL   string `json:"dlq_url"`
+}
+
+// Queues maps consumer name to its queues.
+type Queues map[string]QueueURLs
+
+// QueuesFromEnv parses FIFOBOX_QUEUES, a JSON object consumer name ->
+// {"queue_url", "dlq_url"}. Unset means no queues (database-only operations).
+func QueuesFromEnv() (Queues, error) {
+	return ParseQueues(os.Getenv("FIFOBOX_QUEUES"))
+}
+
+// ParseQueues parses the FIFOBOX_QUEUES JSON.
+func ParseQueues(s string) (Queues, error) {
+	q := Queues{}
+	if s == "" {
+		return q, nil
+	}
+	if err := json.Unmarshal([]byte(s), &q); err != nil {
+		return nil, fmt.Errorf("FIFOBOX_QUEUES: want a JSON object consumer -> {\"queue_url\",\"dlq_url\"}: %w", err)
+	}
+	for name, u := range q {
+		if u.QueueURL == "" || u.DLQURL == "" {
+			return nil, fmt.Errorf("FIFOBOX_QUEUES: consumer %q needs queue_url and dlq_url", name)
+		}
+	}
+	return q, nil
+}
+
+// Names returns the consumer names in order.
+func (q Queues) Names() []string {
+	n := make([]string, 0, len(q))
+	for k := range q {
+		n = append(n, k)
+	}
+	sort.Strings(n)
+	return n
+}
+
+// SQSAPI is the part of the SQS client the operations use; *sqs.Client satisfies it.
+type SQSAPI interface {
+	ReceiveMessage(ctx context.Context, in *sqs.ReceiveMessageInput, optFns ...func(*sqs.Options)) (*sqs.ReceiveMessageOutput, error)
+	SendMessageBatch(ctx context.Context, in *sqs.SendMessageBatchInput, optFns ...func(*sqs.Options)) (*sqs.SendMessageBatchOutput, error)
+	DeleteMessageBatch(ctx context.Context, in *sqs.DeleteMessageBatchInput, optFns ...func(*sqs.Options)) (*sqs.DeleteMessageBatchOutput, error)
+	GetQueueAttributes(ctx context.Context, in *sqs.GetQueueAttributesInput, optFns ...func(*sqs.Options)) (*sqs.GetQueueAttributesOutput, error)
+}
+
+// Config configures a Service.
+type Config struct {
+	// Queues of each consumer (FIFOBOX_QUEUES). Needed by replay, dlq-redrive and queue depths.
+	Queues Queues
+	// Topology supplies consumer filters: replay skips events the consumer's
+	// subscription filter would not have delivered. Default topology.Default().
+	Topology *topology.Topology
+	// Logger; default slog.Default().
+	Logger *slog.Logger
+	// Progress, if set, is called as long operations advance (done of total; total -1 if unknown).
+	Progress func(op string, done, total int64)
+}
+
+// Service runs operations against one database and SQS.
+type Service struct {
+	db  *pgxpool.Pool
+	sqs SQSAPI
+	cfg Config
+	log *slog.Logger
+}
+
+// New returns a Service. sqs may be nil when only database operations are used.
+func New(db *pgxpool.Pool, sqsAPI SQSAPI, cfg Config) (*Service, error) {
+	if db == nil {
+		return nil, errors.New("new redrive service: db is nil")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Topology == nil {
+		t := topology.Default()
+		cfg.Topology = &t
+	}
+	if cfg.Queues == nil {
+		cfg.Queues = Queues{}
+	}
+	return &Service{db: db, sqs: sqsAPI, cfg: cfg, log: cfg.Logger}, nil
+}
+
+// Execute validates and runs one command.
+func (s *Service) Execute(ctx context.Context, cmd Command) (Result, error) {
+	if cmd.Actor == "" {
+		cmd.Actor = "unknown"
+	}
+	if cmd.Max == 0 {
+		cmd.Max = defaultMax
+	}
+	if cmd.Max < 0 {
+		return Result{}, errors.New("max must be positive")
+	}
+	switch cmd.Operation {
+	case OpMigrate:
+		return s.migrate(ctx, cmd)
+	case OpStatus:
+		return s.status(ctx, cmd)
+	case OpDeadList:
+		return s.deadList(ctx, cmd)
+	case OpRequeueDead:
+		return s.requeueDead(ctx, cmd)
+	case OpReplay:
+		return s.replay(ctx, cmd)
+	case OpDLQRedrive:
+		return s.dlqRedrive(ctx, cmd)
+	case OpPrune:
+		return s.prune(ctx, cmd)
+	case "":
+		return Result{}, errors.New(`operation is required: one of migrate, status, dead-list, requeue-dead, replay, dlq-redrive, prune`)
+	}
+	return Result{}, fmt.Errorf("unknown operation %q: want one of migrate, status, dead-list, requeue-dead, replay, dlq-redrive, prune", cmd.Operation)
+}
+
+func (s *Service) queues(consumer string) (QueueURLs, error) {
+	if consumer == "" {
+		return QueueURLs{}, errors.New("consumer is required")
+	}
+	q, ok := s.cfg.Queues[consumer]
+	if !ok {
+		return QueueURLs{}, fmt.Errorf("consumer %q has no queues in FIFOBOX_QUEUES (known: %v)", consumer, s.cfg.Queues.Names())
+	}
+	if s.sqs == nil {
+		return QueueURLs{}, errors.New("no SQS client configured")
+	}
+	return q, nil
+}
+
+func (s *Service) progress(op string, done, total int64) {
+	if s.cfg.Progress != nil {
+		s.cfg.Progress(op, done, total)
+	}
+}

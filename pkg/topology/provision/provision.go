@@ -1,0 +1,137 @@
+// Package provision creates a topology (SNS FIFO topic, SQS FIFO queues and
+// DLQs, raw-delivery subscriptions with filter policies) through the AWS API.
+// It is what `make local` and the integration tests use against the local
+// emulator, LocalStack or Floci; in AWS the CDK app creates the same
+// resources from the same topology definition.
+package provision
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sns"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/fifobox/fifobox/pkg/topology"
+)
+
+// SNSAPI is the part of the SNS client provisioning uses.
+type SNSAPI interface {
+	CreateTopic(ctx context.Context, in *sns.CreateTopicInput, optFns ...func(*sns.Options)) (*sns.CreateTopicOutput, error)
+	Subscribe(ctx context.Context, in *sns.SubscribeInput, optFns ...func(*sns.Options)) (*sns.SubscribeOutput, error)
+}
+
+// SQSAPI is the part of the SQS client provisioning uses.
+type SQSAPI interface {
+	CreateQueue(ctx context.Context, in *sqs.CreateQueueInput, optFns ...func(*sqs.Options)) (*sqs.CreateQueueOutput, error)
+	GetQueueAttributes(ctx context.Context, in *sqs.GetQueueAttributesInput, optFns ...func(*sqs.Options)) (*sqs.GetQueueAttributesOutput, error)
+}
+
+// Options adjust names and timings for local use.
+type Options struct {
+	// Prefix is prepended to every topic and queue name, so parallel tests
+	// get their own resources on one emulator. Default none.
+	Prefix string
+	// VisibilityTimeoutSeconds overrides every queue's visibility timeout
+	// (tests use a few seconds instead of minutes). Default: the topology's.
+	VisibilityTimeoutSeconds int
+}
+
+// Queue is one consumer's provisioned queues.
+type Queue struct {
+	Name     string
+	URL      string
+	ARN      string
+	DLQURL   string
+	DLQARN   string
+	Consumer topology.Consumer
+}
+
+// Resources are what Provision created (or found).
+type Resources struct {
+	TopicARN string
+	// Queues by consumer name.
+	Queues map[string]Queue
+}
+
+// Provision creates the topology's resources. It is idempotent: creating an
+// existing topic, queue or subscription with the same attributes returns it.
+func Provision(ctx context.Context, snsc SNSAPI, sqsc SQSAPI, t topology.Topology, opt Options) (Resources, error) {
+	if err := t.Validate(); err != nil {
+		return Resources{}, fmt.Errorf("provision: %w", err)
+	}
+	topic, err := snsc.CreateTopic(ctx, &sns.CreateTopicInput{
+		Name: aws.String(opt.Prefix + t.Topic.Name),
+		Attributes: map[string]string{
+			"FifoTopic":                 "true",
+			"ContentBasedDeduplication": "false",
+			"FifoThroughputScope":       t.Topic.ThroughputScope,
+		},
+	})
+	if err != nil {
+		return Resources{}, fmt.Errorf("provision: create topic %s: %w", t.Topic.Name, err)
+	}
+	res := Resources{TopicARN: aws.ToString(topic.TopicArn), Queues: map[string]Queue{}}
+	for _, c := range t.Consumers {
+		q, err := provisionConsumer(ctx, snsc, sqsc, res.TopicARN, c, opt)
+		if err != nil {
+			return Resources{}, fmt.Errorf("provision consumer %s: %w", c.Name, err)
+		}
+		res.Queues[c.Name] = q
+	}
+	return res, nil
+}
+
+func provisionConsumer(ctx context.Context, snsc SNSAPI, sqsc SQSAPI, topicARN string, c topology.Consumer, opt Options) (Queue, error) {
+	vis := c.VisibilityTimeoutSeconds
+	if opt.VisibilityTimeoutSeconds > 0 {
+		vis = opt.VisibilityTimeoutSeconds
+	}
+	dlqURL, dlqARN, err := createQueue(ctx, sqsc, opt.Prefix+c.DLQName(), map[string]string{
+		"FifoQueue":              "true",
+		"MessageRetentionPeriod": "1209600", // 14 days, the maximum: time to investigate
+	})
+	if err != nil {
+		return Queue{}, err
+	}
+	redrive, _ := json.Marshal(map[string]string{"deadLetterTargetArn": dlqARN, "maxReceiveCount": strconv.Itoa(c.MaxReceiveCount)})
+	url, arn, err := createQueue(ctx, sqsc, opt.Prefix+c.QueueName(), map[string]string{
+		"FifoQueue":         "true",
+		"VisibilityTimeout": strconv.Itoa(vis),
+		"RedrivePolicy":     string(redrive),
+	})
+	if err != nil {
+		return Queue{}, err
+	}
+	attrs := map[string]string{"RawMessageDelivery": "true"}
+	if fp := c.FilterPolicy(); fp != "" {
+		attrs["FilterPolicy"] = fp
+		attrs["FilterPolicyScope"] = "MessageAttributes"
+	}
+	if _, err := snsc.Subscribe(ctx, &sns.SubscribeInput{
+		TopicArn: aws.String(topicARN), Protocol: aws.String("sqs"), Endpoint: aws.String(arn),
+		Attributes: attrs, ReturnSubscriptionArn: true,
+	}); err != nil {
+		return Queue{}, fmt.Errorf("subscribe %s: %w", c.QueueName(), err)
+	}
+	return Queue{Name: opt.Prefix + c.QueueName(), URL: url, ARN: arn, DLQURL: dlqURL, DLQARN: dlqARN, Consumer: c}, nil
+}
+
+func createQueue(ctx context.Context, sqsc SQSAPI, name string, attrs map[string]string) (url, arn string, err error) {
+	out, err := sqsc.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(name), Attributes: attrs})
+	if err != nil {
+		return "", "", fmt.Errorf("create queue %s: %w", name, err)
+	}
+	url = aws.ToString(out.QueueUrl)
+	ga, err := sqsc.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{
+		QueueUrl: aws.String(url), AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameQueueArn},
+	})
+	if err != nil {
+		return "", "", fmt.Errorf("queue %s arn: %w", name, err)
+	}
+	return url, ga.Attributes["QueueArn"], nil
+}
