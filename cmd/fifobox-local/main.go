@@ -11,16 +11,22 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"sync/atomic"
 	"syscall"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fifobox/fifobox/internal/localdemo"
 	"github.com/fifobox/fifobox/migrations"
 	"github.com/fifobox/fifobox/pkg/awsclient"
+	"github.com/fifobox/fifobox/pkg/db"
+	"github.com/fifobox/fifobox/pkg/inbox"
+	"github.com/fifobox/fifobox/pkg/lambdafn/consumer"
+	"github.com/fifobox/fifobox/pkg/lambdafn/dispatcher"
+	"github.com/fifobox/fifobox/pkg/metrics"
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/outbox/snspub"
+	"github.com/fifobox/fifobox/pkg/readmodel"
 	"github.com/fifobox/fifobox/pkg/topology"
 	"github.com/fifobox/fifobox/pkg/topology/provision"
 )
@@ -29,23 +35,26 @@ func main() {
 	dbURL := flag.String("database-url", envOr("FIFOBOX_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/fifobox?sslmode=disable"), "PostgreSQL connection string (env FIFOBOX_DATABASE_URL)")
 	orders := flag.Int("orders", 300, "orders to create (three events each)")
 	rate := flag.Int("rate", 200, "business transactions per second")
+	period := flag.Duration("schedule", 10*time.Second, "how often the local scheduler invokes the dispatcher handler")
+	metricsPath := flag.String("metrics-log", ".data/metrics.emf.jsonl", "file for the functions' EMF metric lines")
 	flag.Parse()
 
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	slog.SetDefault(log)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *dbURL, *orders, *rate, log); err != nil {
+	if err := run(ctx, *dbURL, *orders, *rate, *period, *metricsPath, log); err != nil {
 		fmt.Fprintln(os.Stderr, "fifobox-local:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, dbURL string, orders, rate int, log *slog.Logger) error {
+func run(ctx context.Context, dbURL string, orders, rate int, period time.Duration, metricsPath string, log *slog.Logger) error {
 	if os.Getenv("AWS_ENDPOINT_URL") == "" {
 		return fmt.Errorf("AWS_ENDPOINT_URL is not set: source localstack/env.sh (make local does)")
 	}
-	pool, err := pgxpool.New(ctx, dbURL)
+	// pkg/db is what the Lambdas use: the same query mode as through RDS Proxy.
+	pool, err := db.Open(ctx, db.Config{URL: dbURL, MaxConns: 16}, nil)
 	if err != nil {
 		return fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
@@ -74,19 +83,53 @@ func run(ctx context.Context, dbURL string, orders, rate int, log *slog.Logger) 
 		}
 		fmt.Printf("  queue %-26s filter %-34s DLQ %s after %d receives\n", q.Name, filter, c.DLQName(), c.MaxReceiveCount)
 	}
-	pub, err := snspub.New(snsc, snspub.Config{TopicARN: res.TopicARN})
+	sns, err := snspub.New(snsc, snspub.Config{TopicARN: res.TopicARN})
 	if err != nil {
 		return err
 	}
-	d, err := outbox.NewDispatcher(pool, pub, outbox.DispatcherConfig{Logger: log})
+	// The functions' EMF metric lines go to a file here (CloudWatch Logs in AWS).
+	if err := os.MkdirAll(filepath.Dir(metricsPath), 0o755); err != nil {
+		return err
+	}
+	mf, err := os.Create(metricsPath)
+	if err != nil {
+		return fmt.Errorf("metrics log: %w", err)
+	}
+	defer mf.Close()
+	em := metrics.New(mf, "")
+
+	// The real function handlers, built as the Lambdas' main.go build them.
+	var published atomic.Int64
+	counting := outbox.PublisherFunc(func(ctx context.Context, msgs []outbox.Message) []error {
+		errs := sns.Publish(ctx, msgs)
+		for _, err := range errs {
+			if err == nil {
+				published.Add(1)
+			}
+		}
+		return errs
+	})
+	dh, err := dispatcher.New(pool, counting, em, dispatcher.Config{Logger: log})
 	if err != nil {
 		return err
+	}
+	consumers := map[string]inbox.BatchFunc{}
+	for name, q := range res.Queues {
+		h, err := consumer.New(pool, sqsc, readmodel.ForConsumer(name), em, consumer.Config{Consumer: name, DLQURL: q.DLQURL, Logger: log})
+		if err != nil {
+			return err
+		}
+		consumers[name] = h.Handle
 	}
 	fi, _ := os.Stdout.Stat()
 	interactive := fi != nil && fi.Mode()&os.ModeCharDevice != 0
-	fmt.Printf("demo: %d orders (created, paid, shipped; one transaction per step) at %d tx/s\n\n", orders, rate)
-	return localdemo.Run(ctx, localdemo.Config{Orders: orders, Rate: rate, Out: os.Stdout, Interactive: interactive},
-		localdemo.Deps{Pool: pool, SQS: sqsc, Resources: res, Dispatcher: d, Log: log})
+	fmt.Printf("demo: %d orders (created, paid, shipped; one transaction per step) at %d tx/s\n", orders, rate)
+	fmt.Printf("functions: dispatcher handler invoked every %s (deadline %s); consumer handlers fed by local SQS event-source runners\n",
+		period, period+5*time.Second)
+	fmt.Printf("metrics: EMF lines in %s\n\n", metricsPath)
+	return localdemo.Run(ctx, localdemo.Config{Orders: orders, Rate: rate, SchedulePeriod: period, Out: os.Stdout, Interactive: interactive},
+		localdemo.Deps{Pool: pool, SQS: sqsc, Resources: res, Published: &published, Consumers: consumers, Log: log,
+			Dispatch: func(ctx context.Context) (dispatcher.Result, error) { return dh.Handle(ctx, nil) }})
 }
 
 func envOr(k, def string) string {

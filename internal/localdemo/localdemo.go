@@ -1,8 +1,12 @@
-// Package localdemo runs the whole fifobox pipeline on one machine: a demo
-// producer writes orders and their events in one transaction each, the
-// dispatcher publishes them to SNS FIFO on the local emulator, and readers
-// on every subscribed SQS FIFO queue check that each aggregate's events
-// arrive in order. It prints a live progress line and a summary.
+// Package localdemo runs the whole fifobox pipeline on one machine with the
+// real function handlers: a demo producer writes orders and their events in
+// one transaction each; a local scheduler invokes the dispatcher Lambda's
+// handler the way EventBridge Scheduler does (overlapping invocations with
+// deadlines); a local event-source runner per SQS FIFO queue hands batches to
+// the consumer Lambda's handler (inbox + read model) and deletes what it did
+// not report as failed. An observer around each consumer handler checks that
+// every aggregate's events arrive in order. It prints a live progress line
+// and a summary.
 package localdemo
 
 import (
@@ -18,13 +22,14 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-lambda-go/events"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
-	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fifobox/fifobox/pkg/envelope"
+	"github.com/fifobox/fifobox/pkg/inbox"
+	"github.com/fifobox/fifobox/pkg/lambdafn/dispatcher"
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/topology/provision"
 )
@@ -35,6 +40,13 @@ type Config struct {
 	Orders int
 	// Rate is the target number of business transactions per second. Default 200.
 	Rate int
+	// SchedulePeriod is how often the local scheduler invokes the dispatcher
+	// handler (EventBridge Scheduler: once a minute). Default 10s.
+	SchedulePeriod time.Duration
+	// InvocationTimeout is each dispatcher invocation's deadline (the Lambda
+	// timeout). It exceeds the period so invocations overlap and publishing
+	// never pauses. Default SchedulePeriod + 5s.
+	InvocationTimeout time.Duration
 	// Out receives the progress line and summary.
 	Out io.Writer
 	// Interactive redraws the progress line in place (a terminal).
@@ -43,11 +55,16 @@ type Config struct {
 
 // Deps are the running pieces the demo drives.
 type Deps struct {
-	Pool       *pgxpool.Pool
-	SQS        *sqs.Client
-	Resources  provision.Resources
-	Dispatcher *outbox.Dispatcher
-	Log        *slog.Logger
+	Pool      *pgxpool.Pool
+	SQS       *sqs.Client
+	Resources provision.Resources
+	// Dispatch is the dispatcher Lambda's handler.
+	Dispatch func(ctx context.Context) (dispatcher.Result, error)
+	// Published counts events the dispatcher's publisher got acknowledged.
+	Published *atomic.Int64
+	// Consumers are the consumer Lambda handlers, by consumer name.
+	Consumers map[string]inbox.BatchFunc
+	Log       *slog.Logger
 }
 
 // OrderPayload is the demo's order event payload.
@@ -67,14 +84,21 @@ type queueStats struct {
 	received   atomic.Int64
 	violations atomic.Int64
 	repeats    atomic.Int64
+	failed     atomic.Int64
 	mu         sync.Mutex
 	last       map[string]int64
 	seen       map[string]bool
 	lat        []time.Duration
 }
 
-// Run executes the demo until every event reached every queue that
-// subscribes to it, or ctx is cancelled (Ctrl-C).
+type invocations struct {
+	mu                             sync.Mutex
+	count, errs                    int
+	published, retries, dead, lost int64
+}
+
+// Run executes the demo until every event was applied by every consumer
+// that subscribes to it, or ctx is cancelled (Ctrl-C).
 func Run(ctx context.Context, cfg Config, d Deps) error {
 	if cfg.Orders <= 0 {
 		cfg.Orders = 300
@@ -82,12 +106,19 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	if cfg.Rate <= 0 {
 		cfg.Rate = 200
 	}
+	if cfg.SchedulePeriod <= 0 {
+		cfg.SchedulePeriod = 10 * time.Second
+	}
+	if cfg.InvocationTimeout <= 0 {
+		cfg.InvocationTimeout = cfg.SchedulePeriod + 5*time.Second
+	}
 	if _, err := d.Pool.Exec(ctx, schema); err != nil {
 		return fmt.Errorf("demo schema: %w", err)
 	}
 	runID := fmt.Sprintf("%x", rand.Uint32())
 
-	// Readers, one per consumer queue.
+	// Event-source runners, one per consumer queue, each feeding the
+	// consumer handler through an order observer.
 	names := make([]string, 0, len(d.Resources.Queues))
 	for n := range d.Resources.Queues {
 		names = append(names, n)
@@ -95,24 +126,47 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	sort.Strings(names)
 	stats := map[string]*queueStats{}
 	expected := map[string]*atomic.Int64{}
-	rctx, stopReaders := context.WithCancel(context.Background())
-	defer stopReaders()
+	rctx, stopRunners := context.WithCancel(context.Background())
+	defer stopRunners()
 	var rwg sync.WaitGroup
 	for _, n := range names {
+		h, ok := d.Consumers[n]
+		if !ok {
+			return fmt.Errorf("no consumer handler for queue %s", n)
+		}
 		st := &queueStats{last: map[string]int64{}, seen: map[string]bool{}}
 		stats[n] = st
 		expected[n] = &atomic.Int64{}
 		q := d.Resources.Queues[n]
+		r := &inbox.Runner{SQS: d.SQS, QueueURL: q.URL, QueueARN: q.ARN, Handler: observe(h, runID, st),
+			RetryDelay: time.Second, Logger: d.Log}
 		rwg.Add(1)
-		go func() { defer rwg.Done(); readQueue(rctx, d.SQS, q.URL, runID, st) }()
+		go func() { defer rwg.Done(); _ = r.Run(rctx) }()
 	}
 
-	// Dispatcher loop.
-	dctx, stopDispatcher := context.WithCancel(context.Background())
-	defer stopDispatcher()
-	var dwg sync.WaitGroup
-	dwg.Add(1)
-	go func() { defer dwg.Done(); _ = d.Dispatcher.Run(dctx) }()
+	// Local scheduler: invokes the dispatcher handler like EventBridge Scheduler.
+	inv := &invocations{}
+	sctx, stopScheduler := context.WithCancel(context.Background())
+	defer stopScheduler()
+	var swg sync.WaitGroup
+	swg.Add(1)
+	go func() {
+		defer swg.Done()
+		Schedule(sctx, cfg.SchedulePeriod, cfg.InvocationTimeout, func(ctx context.Context) {
+			res, err := d.Dispatch(ctx)
+			inv.mu.Lock()
+			defer inv.mu.Unlock()
+			inv.count++
+			if err != nil {
+				inv.errs++
+				d.Log.Warn("dispatcher invocation failed", "error", err.Error())
+			}
+			inv.published += res.Published
+			inv.retries += res.Retries
+			inv.dead += res.Dead
+			inv.lost += res.Lost
+		})
+	}()
 
 	// Producer: orders advance created -> paid -> shipped, interleaved.
 	var enqueued atomic.Int64
@@ -139,7 +193,7 @@ loop:
 		case <-tick.C:
 		}
 		if cfg.Interactive || time.Since(lastPrint) > 2*time.Second {
-			progress(ctx, cfg, d, names, stats, &enqueued, producing)
+			progress(ctx, cfg, d, runID, names, stats, &enqueued, producing)
 			lastPrint = time.Now()
 		}
 		if !producing && allArrived(names, stats, expected) {
@@ -147,13 +201,14 @@ loop:
 		}
 	}
 	elapsed := time.Since(start)
-	progress(context.Background(), cfg, d, names, stats, &enqueued, false)
+	progress(context.Background(), cfg, d, runID, names, stats, &enqueued, false)
 	fmt.Fprintln(cfg.Out)
-	stopDispatcher()
-	dwg.Wait()
-	stopReaders()
+	stopScheduler()
+	swg.Wait()
+	stopRunners()
 	rwg.Wait()
-	summary(cfg.Out, elapsed, names, stats, expected, &enqueued, d.Dispatcher.Totals())
+	rm, rmErr := readModel(context.Background(), d.Pool, runID)
+	summary(cfg.Out, cfg, elapsed, names, stats, expected, &enqueued, inv, rm)
 	if prodErr != nil && !errors.Is(prodErr, context.Canceled) {
 		return prodErr
 	}
@@ -162,7 +217,93 @@ loop:
 			return fmt.Errorf("queue %s: %d order violations", n, stats[n].violations.Load())
 		}
 	}
+	if rmErr != nil {
+		return rmErr
+	}
+	if ctx.Err() == nil && (rm.orders != cfg.Orders || rm.shipped != cfg.Orders || rm.applied != 3*cfg.Orders) {
+		return fmt.Errorf("read model: %d orders, %d shipped, %d events applied; want %d, %d, %d",
+			rm.orders, rm.shipped, rm.applied, cfg.Orders, cfg.Orders, 3*cfg.Orders)
+	}
 	return nil
+}
+
+// Schedule calls invoke every period, each call with a deadline of timeout,
+// as EventBridge Scheduler invokes a Lambda: calls may overlap; the first
+// runs at once. It returns when ctx is done and every call has returned.
+func Schedule(ctx context.Context, period, timeout time.Duration, invoke func(context.Context)) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ictx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			invoke(ictx)
+		}()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// observe wraps a consumer handler: records it did not report as failed
+// count as received, and each aggregate's sequence must only grow.
+func observe(h inbox.BatchFunc, runID string, st *queueStats) inbox.BatchFunc {
+	return func(ctx context.Context, ev events.SQSEvent) (events.SQSEventResponse, error) {
+		resp, err := h(ctx, ev)
+		if err != nil {
+			st.failed.Add(int64(len(ev.Records)))
+			return resp, err
+		}
+		failed := map[string]bool{}
+		for _, f := range resp.BatchItemFailures {
+			failed[f.ItemIdentifier] = true
+		}
+		st.failed.Add(int64(len(failed)))
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		for _, r := range ev.Records {
+			if failed[r.MessageId] {
+				continue
+			}
+			e, err := envelope.Decode([]byte(r.Body))
+			if err != nil || !strings.Contains(e.AggregateID, runID) {
+				continue // not this run's (left over from an interrupted run)
+			}
+			switch {
+			case st.seen[e.ID]:
+				st.repeats.Add(1)
+			case e.Sequence <= st.last[e.AggregateID]:
+				st.violations.Add(1)
+			default:
+				st.last[e.AggregateID] = e.Sequence
+				st.lat = append(st.lat, time.Since(e.OccurredAt))
+				st.received.Add(1)
+			}
+			st.seen[e.ID] = true
+		}
+		return resp, nil
+	}
+}
+
+type readModelCounts struct {
+	orders, shipped, applied int
+}
+
+// readModel counts this run's rows in the example consumer's read model.
+func readModel(ctx context.Context, db *pgxpool.Pool, runID string) (readModelCounts, error) {
+	var c readModelCounts
+	err := db.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE status = 'shipped'), coalesce(sum(event_count), 0)
+FROM orders_read_model WHERE order_id LIKE $1`, "order-"+runID+"-%").Scan(&c.orders, &c.shipped, &c.applied)
+	if err != nil {
+		return c, fmt.Errorf("read model: %w", err)
+	}
+	return c, nil
 }
 
 func produce(ctx context.Context, cfg Config, d Deps, runID string, enqueued *atomic.Int64, expected map[string]*atomic.Int64) error {
@@ -225,42 +366,6 @@ func produce(ctx context.Context, cfg Config, d Deps, runID string, enqueued *at
 	return nil
 }
 
-func readQueue(ctx context.Context, c *sqs.Client, url, runID string, st *queueStats) {
-	for ctx.Err() == nil {
-		out, err := c.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
-			QueueUrl: aws.String(url), MaxNumberOfMessages: 10, WaitTimeSeconds: 1,
-		})
-		if err != nil {
-			time.Sleep(200 * time.Millisecond)
-			continue
-		}
-		var del []sqstypes.DeleteMessageBatchRequestEntry
-		for i, m := range out.Messages {
-			del = append(del, sqstypes.DeleteMessageBatchRequestEntry{Id: aws.String(fmt.Sprint(i)), ReceiptHandle: m.ReceiptHandle})
-			e, err := envelope.Decode([]byte(aws.ToString(m.Body)))
-			if err != nil || !strings.Contains(e.AggregateID, runID) {
-				continue // not this run's (left over from an interrupted run)
-			}
-			st.mu.Lock()
-			switch {
-			case st.seen[e.ID]:
-				st.repeats.Add(1)
-			case e.Sequence <= st.last[e.AggregateID]:
-				st.violations.Add(1)
-			default:
-				st.last[e.AggregateID] = e.Sequence
-				st.lat = append(st.lat, time.Since(e.OccurredAt))
-				st.received.Add(1)
-			}
-			st.seen[e.ID] = true
-			st.mu.Unlock()
-		}
-		if len(del) > 0 {
-			_, _ = c.DeleteMessageBatch(context.Background(), &sqs.DeleteMessageBatchInput{QueueUrl: aws.String(url), Entries: del})
-		}
-	}
-}
-
 func allArrived(names []string, stats map[string]*queueStats, expected map[string]*atomic.Int64) bool {
 	for _, n := range names {
 		if stats[n].received.Load() < expected[n].Load() {
@@ -270,7 +375,7 @@ func allArrived(names []string, stats map[string]*queueStats, expected map[strin
 	return true
 }
 
-func progress(ctx context.Context, cfg Config, d Deps, names []string, stats map[string]*queueStats, enqueued *atomic.Int64, producing bool) {
+func progress(ctx context.Context, cfg Config, d Deps, runID string, names []string, stats map[string]*queueStats, enqueued *atomic.Int64, producing bool) {
 	b, err := outbox.Stats(ctx, d.Pool)
 	backlog := "?"
 	age := "?"
@@ -282,12 +387,16 @@ func progress(ctx context.Context, cfg Config, d Deps, names []string, stats map
 	for _, n := range names {
 		qs = append(qs, fmt.Sprintf("%s %d", n, stats[n].received.Load()))
 	}
+	rm := "?"
+	if c, err := readModel(ctx, d.Pool, runID); err == nil {
+		rm = fmt.Sprintf("%d orders, %d shipped", c.orders, c.shipped)
+	}
 	state := "producing"
 	if !producing {
 		state = "draining"
 	}
-	line := fmt.Sprintf("%s | enqueued %d | published %d | backlog %s | oldest pending %s | received: %s",
-		state, enqueued.Load(), d.Dispatcher.Totals().Sent, backlog, age, strings.Join(qs, ", "))
+	line := fmt.Sprintf("%s | enqueued %d | published %d | backlog %s | oldest pending %s | applied: %s | read model: %s",
+		state, enqueued.Load(), d.Published.Load(), backlog, age, strings.Join(qs, ", "), rm)
 	if cfg.Interactive {
 		fmt.Fprintf(cfg.Out, "\r\033[K%s", line)
 	} else {
@@ -295,10 +404,13 @@ func progress(ctx context.Context, cfg Config, d Deps, names []string, stats map
 	}
 }
 
-func summary(w io.Writer, elapsed time.Duration, names []string, stats map[string]*queueStats, expected map[string]*atomic.Int64, enqueued *atomic.Int64, tot outbox.Totals) {
-	fmt.Fprintf(w, "\nsummary: %d events in %d transactions over %s; dispatcher published %d (retried %d, dead %d)\n",
-		enqueued.Load(), enqueued.Load(), elapsed.Round(time.Millisecond), tot.Sent, tot.Retried, tot.Dead)
-	fmt.Fprintf(w, "%-20s %9s %9s %11s %8s %12s %12s\n", "queue", "expected", "received", "violations", "repeats", "p50 latency", "p99 latency")
+func summary(w io.Writer, cfg Config, elapsed time.Duration, names []string, stats map[string]*queueStats, expected map[string]*atomic.Int64, enqueued *atomic.Int64, inv *invocations, rm readModelCounts) {
+	inv.mu.Lock()
+	fmt.Fprintf(w, "\nsummary: %d events in %d transactions over %s\n", enqueued.Load(), enqueued.Load(), elapsed.Round(time.Millisecond))
+	fmt.Fprintf(w, "dispatcher: %d invocations (%d failed), published %d, retried %d, dead %d\n",
+		inv.count, inv.errs, inv.published, inv.retries, inv.dead)
+	inv.mu.Unlock()
+	fmt.Fprintf(w, "%-20s %9s %9s %11s %11s %8s %12s %12s\n", "consumer", "expected", "applied", "violations", "redelivered", "failed", "p50 latency", "p99 latency")
 	for _, n := range names {
 		st := stats[n]
 		st.mu.Lock()
@@ -311,7 +423,10 @@ func summary(w io.Writer, elapsed time.Duration, names []string, stats map[strin
 			}
 			return lat[min(len(lat)-1, int(q*float64(len(lat))))].Round(time.Millisecond).String()
 		}
-		fmt.Fprintf(w, "%-20s %9d %9d %11d %8d %12s %12s\n", n, expected[n].Load(), st.received.Load(), st.violations.Load(), st.repeats.Load(), p(0.5), p(0.99))
+		fmt.Fprintf(w, "%-20s %9d %9d %11d %11d %8d %12s %12s\n", n, expected[n].Load(), st.received.Load(), st.violations.Load(),
+			st.repeats.Load(), st.failed.Load(), p(0.5), p(0.99))
 	}
-	fmt.Fprintln(w, "latency: event occurred_at (producer) to received from the queue. violations: an aggregate's event arrived before an earlier one.")
+	fmt.Fprintf(w, "read model (orders-projection): %d orders, %d shipped, %d events applied (want %d, %d, %d: each event once)\n",
+		rm.orders, rm.shipped, rm.applied, cfg.Orders, cfg.Orders, 3*cfg.Orders)
+	fmt.Fprintln(w, "latency: event occurred_at (producer) to handled by the consumer. violations: an aggregate's event handled before an earlier one.")
 }

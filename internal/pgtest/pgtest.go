@@ -77,6 +77,10 @@ func NewEmpty(tb testing.TB) *DB {
 		tb.Fatalf("pgtest: parse url: %v", err)
 	}
 	cfg.MaxConns = 16
+	// The Lambdas talk to RDS Proxy in QueryExecModeExec (pkg/db): test every
+	// query in that mode too, so a parameter that only encodes correctly with
+	// a described statement fails here rather than in production.
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		tb.Fatalf("pgtest: pool: %v", err)

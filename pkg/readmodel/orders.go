@@ -65,3 +65,19 @@ func Apply(ctx context.Context, tx pgx.Tx, e envelope.Envelope) error {
 	}
 	return nil
 }
+
+// Acknowledge is the side effect of consumers that only need the event
+// recorded (the inbox row is the record), such as the demo's audit and
+// shipping consumers. Replace it with your own Apply.
+func Acknowledge(context.Context, pgx.Tx, envelope.Envelope) error { return nil }
+
+// ForConsumer returns the example side effect of a default-topology
+// consumer: orders-projection keeps orders_read_model; the others only
+// acknowledge. One binary serves every consumer function this way; a real
+// service would usually build one function per side effect.
+func ForConsumer(name string) inbox.Apply {
+	if name == "orders-projection" {
+		return Apply
+	}
+	return Acknowledge
+}

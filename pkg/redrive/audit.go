@@ -35,6 +35,11 @@ func params(cmd Command) []byte {
 	p := cmd
 	p.Actor, p.RequestID, p.Operation, p.DryRun = "", "", "", false
 	b, _ := json.Marshal(p)
+	var m map[string]any
+	if json.Unmarshal(b, &m) == nil {
+		delete(m, "operation") // its own column
+		b, _ = json.Marshal(m)
+	}
 	return b
 }
 
@@ -42,7 +47,7 @@ func params(cmd Command) []byte {
 func (s *Service) auditStart(ctx context.Context, db execer, cmd Command) (int64, error) {
 	var id int64
 	err := db.QueryRow(ctx, `INSERT INTO redrive_audit (operation, actor, request_id, params, dry_run)
-VALUES ($1, $2, NULLIF($3, ''), $4, $5) RETURNING id`, cmd.Operation, cmd.Actor, cmd.RequestID, params(cmd), cmd.DryRun).Scan(&id)
+VALUES ($1, $2, NULLIF($3, ''), $4::jsonb, $5) RETURNING id`, cmd.Operation, cmd.Actor, cmd.RequestID, string(params(cmd)), cmd.DryRun).Scan(&id)
 	if err != nil {
 		return 0, fmt.Errorf("write audit row: %w", err)
 	}

@@ -1,0 +1,302 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fifobox/fifobox/pkg/redrive"
+)
+
+// selectionFlags are the event selection shared by requeue and replay.
+type selectionFlags struct {
+	eventIDs      []string
+	aggregateType string
+	since, until  string
+}
+
+func (s *selectionFlags) register(cmd *cobra.Command, withIDs bool) {
+	f := cmd.Flags()
+	if withIDs {
+		f.StringSliceVar(&s.eventIDs, "event-id", nil, "event id to select (repeatable or comma-separated)")
+	}
+	f.StringVar(&s.aggregateType, "aggregate-type", "", "select events of this aggregate type")
+	f.StringVar(&s.since, "since", "", "select events created at or after this time (RFC 3339, or a duration ago such as 24h)")
+	f.StringVar(&s.until, "until", "", "select events created before this time (RFC 3339, or a duration ago)")
+}
+
+func (s *selectionFlags) apply(c *redrive.Command) error {
+	c.EventIDs, c.AggregateType = s.eventIDs, s.aggregateType
+	var err error
+	if c.Since, err = parseTime("--since", s.since); err != nil {
+		return err
+	}
+	c.Until, err = parseTime("--until", s.until)
+	return err
+}
+
+// parseTime accepts RFC 3339 or a Go duration meaning "that long ago".
+func parseTime(flag, v string) (*time.Time, error) {
+	if v == "" {
+		return nil, nil
+	}
+	if t, err := time.Parse(time.RFC3339, v); err == nil {
+		return &t, nil
+	}
+	if d, err := time.ParseDuration(v); err == nil && d >= 0 {
+		t := time.Now().Add(-d).UTC()
+		return &t, nil
+	}
+	return nil, fmt.Errorf("%s %q: want RFC 3339 (2026-11-23T10:00:00Z) or a duration ago (24h)", flag, v)
+}
+
+func (a *app) migrateCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "migrate",
+		Short: "Apply the outbox, inbox and audit migrations (idempotent)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.do(cmd.Context(), redrive.Command{Operation: redrive.OpMigrate})
+		},
+	}
+}
+
+func (a *app) statusCmd() *cobra.Command {
+	var consumer string
+	c := &cobra.Command{
+		Use:   "status",
+		Short: "Show the outbox backlog, publish lag, dead and parked events, and each consumer's queue and DLQ depth",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.do(cmd.Context(), redrive.Command{Operation: redrive.OpStatus, Consumer: consumer})
+		},
+	}
+	c.Flags().StringVar(&consumer, "consumer", "", "only this consumer's queues")
+	return c
+}
+
+func (a *app) deadCmd() *cobra.Command {
+	dead := &cobra.Command{Use: "dead", Short: "Inspect and requeue dead outbox events"}
+	var limit int
+	var aggType string
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List dead events (oldest first; no payloads)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.do(cmd.Context(), redrive.Command{Operation: redrive.OpDeadList, Limit: limit, AggregateType: aggType})
+		},
+	}
+	list.Flags().IntVar(&limit, "limit", 100, "at most this many rows")
+	list.Flags().StringVar(&aggType, "aggregate-type", "", "only this aggregate type")
+
+	var sel selectionFlags
+	var dry bool
+	var max int
+	requeue := &cobra.Command{
+		Use:   "requeue",
+		Short: "Put dead events back to pending; each aggregate publishes them in order, then what was parked behind them",
+		Example: `  fifobox dead requeue --event-id 0193c1f4-...
+  fifobox dead requeue --aggregate-type order --since 24h --dry-run`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c := redrive.Command{Operation: redrive.OpRequeueDead, DryRun: dry, Max: max}
+			if err := sel.apply(&c); err != nil {
+				return err
+			}
+			return a.do(cmd.Context(), c)
+		},
+	}
+	sel.register(requeue, true)
+	requeue.Flags().BoolVar(&dry, "dry-run", false, "count what would be requeued, change nothing")
+	requeue.Flags().IntVar(&max, "max", 0, "refuse a selection larger than this (default 100000)")
+	dead.AddCommand(list, requeue)
+	return dead
+}
+
+func (a *app) redriveCmd() *cobra.Command {
+	var consumer string
+	var dry bool
+	var max int
+	c := &cobra.Command{
+		Use:   "redrive",
+		Short: "Move a consumer's DLQ messages back to its queue, keeping message groups and their order",
+		Example: `  fifobox redrive --consumer shipping --dry-run
+  fifobox redrive --consumer shipping --max 100`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if consumer == "" {
+				return fmt.Errorf("--consumer is required")
+			}
+			return a.do(cmd.Context(), redrive.Command{Operation: redrive.OpDLQRedrive, Consumer: consumer, DryRun: dry, Max: max})
+		},
+	}
+	c.Flags().StringVar(&consumer, "consumer", "", "consumer whose DLQ to redrive (required)")
+	c.Flags().BoolVar(&dry, "dry-run", false, "report the DLQ depth, move nothing")
+	c.Flags().IntVar(&max, "max", 0, "move at most this many messages (default 100000)")
+	return c
+}
+
+func (a *app) replayCmd() *cobra.Command {
+	var sel selectionFlags
+	var consumer string
+	var dry bool
+	var max int
+	c := &cobra.Command{
+		Use:   "replay",
+		Short: "Send sent events again to ONE consumer, clearing its inbox entries for them so it re-applies them",
+		Long: `replay rebuilds a consumer's read model: the chosen sent events (by aggregate type and
+time range) are sent again to that consumer's queue only, in per-aggregate order, and
+that consumer's inbox rows for exactly those events are deleted in the same audited
+operation. Other consumers see nothing.`,
+		Example: `  fifobox replay --consumer orders-projection --aggregate-type order --since 2026-11-01T00:00:00Z`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if consumer == "" {
+				return fmt.Errorf("--consumer is required")
+			}
+			c := redrive.Command{Operation: redrive.OpReplay, Consumer: consumer, DryRun: dry, Max: max}
+			if err := sel.apply(&c); err != nil {
+				return err
+			}
+			return a.do(cmd.Context(), c)
+		},
+	}
+	sel.register(c, false)
+	c.Flags().StringVar(&consumer, "consumer", "", "the one consumer to replay to (required)")
+	c.Flags().BoolVar(&dry, "dry-run", false, "count what would be replayed, change nothing")
+	c.Flags().IntVar(&max, "max", 0, "refuse a selection larger than this (default 100000)")
+	return c
+}
+
+func (a *app) pruneCmd() *cobra.Command {
+	var older time.Duration
+	var dry bool
+	c := &cobra.Command{
+		Use:   "prune",
+		Short: "Delete sent outbox events older than --older-than, in bounded batches",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.do(cmd.Context(), redrive.Command{Operation: redrive.OpPrune, OlderThan: older.String(), DryRun: dry})
+		},
+	}
+	c.Flags().DurationVar(&older, "older-than", 7*24*time.Hour, "retention for sent events")
+	c.Flags().BoolVar(&dry, "dry-run", false, "count what would be deleted")
+	return c
+}
+
+func (a *app) auditCmd() *cobra.Command {
+	var limit int
+	c := &cobra.Command{
+		Use:   "audit",
+		Short: "Show the most recent operator actions (redrive_audit)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if a.viaLambda != "" {
+				return errNoLocal
+			}
+			pool, err := a.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			rows, err := redrive.ListAudit(cmd.Context(), pool, limit)
+			if err != nil {
+				return err
+			}
+			if a.jsonOut {
+				return json.NewEncoder(a.out).Encode(rows)
+			}
+			w := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "ID\tSTARTED\tOPERATION\tACTOR\tSTATUS\tAFFECTED\tDRY-RUN\tPARAMS")
+			for _, r := range rows {
+				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%d\t%t\t%s\n", r.ID, r.StartedAt.UTC().Format(time.RFC3339), r.Operation,
+					r.Actor, r.Status, r.Affected, r.DryRun, string(r.Params))
+			}
+			return w.Flush()
+		},
+	}
+	c.Flags().IntVar(&limit, "limit", 20, "rows to show")
+	return c
+}
+
+// do runs cmd and prints its result.
+func (a *app) do(ctx context.Context, cmd redrive.Command) error {
+	res, err := a.run(ctx, cmd)
+	if err != nil {
+		return err
+	}
+	return a.print(res)
+}
+
+func (a *app) print(res redrive.Result) error {
+	if a.jsonOut {
+		enc := json.NewEncoder(a.out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(res)
+	}
+	switch {
+	case res.Status != nil:
+		printStatus(a, res.Status)
+	case res.Operation == redrive.OpDeadList:
+		if len(res.Dead) == 0 {
+			fmt.Fprintln(a.out, "no dead events")
+			return nil
+		}
+		w := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "EVENT ID\tTYPE\tAGGREGATE\tSEQ\tATTEMPTS\tCREATED\tLAST ERROR")
+		for _, d := range res.Dead {
+			fmt.Fprintf(w, "%s\t%s\t%s/%s\t%d\t%d\t%s\t%s\n", d.EventID, d.EventType, d.AggregateType, d.AggregateID, d.Sequence,
+				d.Attempts, d.CreatedAt.UTC().Format(time.RFC3339), oneLine(d.LastError, 80))
+		}
+		return w.Flush()
+	default:
+		msg := res.Message
+		if msg == "" {
+			msg = fmt.Sprintf("%s: %d affected", res.Operation, res.Affected)
+		}
+		if res.AuditID != 0 {
+			msg += fmt.Sprintf(" (audit #%d)", res.AuditID)
+		}
+		fmt.Fprintln(a.out, msg)
+	}
+	return nil
+}
+
+func printStatus(a *app, s *redrive.Status) {
+	b := s.Backlog
+	fmt.Fprintln(a.out, "outbox")
+	w := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "  pending\t%d\n", b.Pending)
+	fmt.Fprintf(w, "  in flight\t%d\n", b.InFlight)
+	fmt.Fprintf(w, "  oldest pending age\t%s\n", b.OldestPendingAge.Round(time.Millisecond))
+	fmt.Fprintf(w, "  dead\t%d\n", b.Dead)
+	fmt.Fprintf(w, "  parked aggregates\t%d\n", b.ParkedAggregates)
+	_ = w.Flush()
+	if len(s.Queues) == 0 {
+		return
+	}
+	fmt.Fprintln(a.out, "\nqueues")
+	w = tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "  CONSUMER\tVISIBLE\tIN FLIGHT\tDLQ\tDLQ IN FLIGHT\t")
+	for _, q := range s.Queues {
+		if q.Error != "" {
+			fmt.Fprintf(w, "  %s\t-\t-\t-\t-\t%s\n", q.Consumer, oneLine(q.Error, 60))
+			continue
+		}
+		fmt.Fprintf(w, "  %s\t%d\t%d\t%d\t%d\t\n", q.Consumer, q.Visible, q.InFlight, q.DLQ, q.DLQInFlight)
+	}
+	_ = w.Flush()
+}
+
+func oneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > n {
+		return s[:n-1] + "…"
+	}
+	return s
+}

@@ -1,0 +1,58 @@
+// Command consumer is the example consumer Lambda (provided.al2023,
+// bootstrap), triggered by an SQS FIFO event source mapping with
+// ReportBatchItemFailures. Each record's side effect runs in one transaction
+// with its inbox row (pkg/inbox), so it applies once however often SQS
+// delivers it. The side effect is chosen by consumer name
+// (readmodel.ForConsumer): orders-projection keeps orders_read_model current.
+//
+// Environment: FIFOBOX_CONSUMER_NAME, FIFOBOX_DLQ_URL (required); database
+// as in pkg/db (FIFOBOX_DATABASE_URL, or FIFOBOX_DB_HOST/PORT/NAME/USER with
+// FIFOBOX_DB_IAM_AUTH=true); FIFOBOX_METRICS_NAMESPACE (default Fifobox).
+package main
+
+import (
+	"context"
+	"log/slog"
+	"os"
+
+	"github.com/aws/aws-lambda-go/lambda"
+
+	"github.com/fifobox/fifobox/pkg/awsclient"
+	"github.com/fifobox/fifobox/pkg/db"
+	"github.com/fifobox/fifobox/pkg/inbox"
+	"github.com/fifobox/fifobox/pkg/lambdafn/consumer"
+	"github.com/fifobox/fifobox/pkg/metrics"
+	"github.com/fifobox/fifobox/pkg/readmodel"
+)
+
+func main() {
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	slog.SetDefault(log)
+	h, err := setup(context.Background(), log)
+	if err != nil {
+		log.Error("consumer init failed", "error", err.Error())
+		os.Exit(1)
+	}
+	lambda.Start(h.Handle)
+}
+
+func setup(ctx context.Context, log *slog.Logger) (*inbox.Handler, error) {
+	cfg, err := consumer.ConfigFromEnv()
+	if err != nil {
+		return nil, err
+	}
+	cfg.Logger = log
+	dbc, err := db.FromEnv()
+	if err != nil {
+		return nil, err
+	}
+	awsCfg, err := awsclient.Load(ctx)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := db.Open(ctx, dbc, awsCfg.Credentials)
+	if err != nil {
+		return nil, err
+	}
+	return consumer.New(pool, awsclient.SQS(awsCfg), readmodel.ForConsumer(cfg.Consumer), metrics.FromEnv(), cfg)
+}
