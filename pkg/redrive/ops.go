@@ -150,14 +150,17 @@ func (s *Service) prune(ctx context.Context, cmd Command) (Result, error) {
 }
 
 // selection builds the WHERE clause shared by requeue-dead and replay.
-func selection(cmd Command, requireType bool) (ids []uuid.UUID, since, until *time.Time, err error) {
-	ids = []uuid.UUID{} // never NULL: cardinality(NULL) would exclude every row
+func selection(cmd Command, requireType bool) (ids []string, since, until *time.Time, err error) {
+	// Canonical strings, cast to uuid[] in SQL: in QueryExecModeExec (RDS
+	// Proxy) pgx cannot infer an array type for []uuid.UUID. Never NULL:
+	// cardinality(NULL) would exclude every row.
+	ids = []string{}
 	for _, s := range cmd.EventIDs {
 		u, err := uuid.Parse(s)
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("event id %q: %w", s, err)
 		}
-		ids = append(ids, u)
+		ids = append(ids, u.String())
 	}
 	if len(ids) == 0 && cmd.AggregateType == "" {
 		return nil, nil, nil, errors.New("select events by event_ids or by aggregate_type (with since/until)")
