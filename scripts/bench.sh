@@ -1,9 +1,32 @@
 #!/usr/bin/env bash
 # make bench: every benchmark, each printing its figures beside the reference
-# it is judged against, measured in the same run.
+# it is judged against, measured in the same run. Needs PostgreSQL and the
+# SNS/SQS emulator (both started here if absent). Figures are noisy on a
+# shared 2-core machine: run on an otherwise idle machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/ensure-postgres.sh
+started=0
+if ! ./localstack/emulator.sh status >/dev/null 2>&1; then
+  ./localstack/emulator.sh start
+  started=1
+fi
+trap '[ "$started" = 1 ] && ./localstack/emulator.sh stop >/dev/null 2>&1 || true' EXIT
+# shellcheck disable=SC1091
+source ./localstack/env.sh
+quiet() { grep -v -e 'migration applied' -e '^emulatortest:' || true; }
 
-echo "==> outbox dispatcher vs the raw SQL limit (PostgreSQL)"
-go test -run '^$' -bench 'BenchmarkDispatch$' -benchtime 100000x -timeout 30m ./pkg/outbox/ | grep -v 'migration applied'
+echo "==> outbox dispatcher vs the raw SQL limit (PostgreSQL, in-process publisher)"
+go test -run '^$' -bench 'BenchmarkDispatch$' -benchtime 100000x -timeout 30m ./pkg/outbox/ | quiet
+
+echo "==> end to end through the emulator: dispatcher vs raw PublishBatch"
+go test -run '^$' -bench 'BenchmarkThroughEmulator' -benchtime 20000x -timeout 30m ./pkg/outbox/snspub/ | quiet
+
+echo "==> commit-to-publish latency at 1,000 events/s offered (emulator)"
+go test -run '^$' -bench 'BenchmarkLatencyAt1000' -benchtime 1x -timeout 30m ./pkg/outbox/snspub/ | quiet
+
+echo "==> dispatcher Lambda handler: one invocation, latency of events committed during it"
+go test -run '^$' -bench 'BenchmarkInvocationLatency' -benchtime 3x -timeout 30m ./pkg/lambdafn/dispatcher/ | quiet
+
+echo "==> consumer: messages/s through the handler with the inbox vs the same side effect without"
+go test -run '^$' -bench 'BenchmarkConsumer' -benchtime 20000x -timeout 30m ./pkg/inbox/ | quiet

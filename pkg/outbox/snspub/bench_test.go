@@ -1,0 +1,250 @@
+package snspub_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sns"
+	snstypes "github.com/aws/aws-sdk-go-v2/service/sns/types"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fifobox/fifobox/internal/emulatortest"
+	"github.com/fifobox/fifobox/internal/pgtest"
+	"github.com/fifobox/fifobox/pkg/envelope"
+	"github.com/fifobox/fifobox/pkg/outbox"
+	"github.com/fifobox/fifobox/pkg/outbox/snspub"
+	"github.com/fifobox/fifobox/pkg/topology"
+)
+
+const benchConcurrency = 16 // the dispatcher's default PublishConcurrency
+
+// BenchmarkThroughEmulator measures end-to-end dispatcher throughput
+// (PostgreSQL outbox -> SNS FIFO -> 3 filtered SQS FIFO queues on the
+// emulator) beside the emulator's own raw PublishBatch rate to the same
+// topic, with the same concurrency and message sizes, in one run.
+//
+//	go test -run '^$' -bench BenchmarkThroughEmulator -benchtime 20000x ./pkg/outbox/snspub/
+func BenchmarkThroughEmulator(b *testing.B) {
+	topo := topology.Default()
+	var raw, disp float64
+	b.Run("raw-PublishBatch", func(b *testing.B) {
+		env := emulatortest.New(b, topo, 0)
+		body, _ := makeEvent("order", "order-000000", 0).Encode()
+		attrs := makeEvent("order", "order-000000", 0).Attributes()
+		calls := (b.N + 9) / 10
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		b.ResetTimer()
+		start := time.Now()
+		for w := 0; w < benchConcurrency; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					c := int(next.Add(1) - 1)
+					if c >= calls {
+						return
+					}
+					entries := make([]snstypes.PublishBatchRequestEntry, 0, 10)
+					for i := 0; i < 10 && c*10+i < b.N; i++ {
+						n := c*10 + i
+						entries = append(entries, snstypes.PublishBatchRequestEntry{
+							Id: aws.String(strconv.Itoa(i)), Message: aws.String(string(body)),
+							MessageGroupId: aws.String(fmt.Sprintf("order-%06d", n%1000)), MessageDeduplicationId: aws.String(fmt.Sprintf("raw-%d", n)),
+							MessageAttributes: snsAttrs(attrs),
+						})
+					}
+					out, err := env.SNS.PublishBatch(context.Background(), &sns.PublishBatchInput{TopicArn: aws.String(env.TopicARN), PublishBatchRequestEntries: entries})
+					if err != nil || len(out.Failed) > 0 {
+						b.Errorf("raw publish: %v %v", err, out)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		raw = float64(b.N) / time.Since(start).Seconds()
+		b.ReportMetric(raw, "events/s")
+	})
+	b.Run("dispatcher", func(b *testing.B) {
+		env := emulatortest.New(b, topo, 0)
+		db := pgtest.New(b)
+		enqueueSpread(b, db, b.N, max(b.N/10, 1))
+		pub, err := snspub.New(env.SNS, snspub.Config{TopicARN: env.TopicARN})
+		if err != nil {
+			b.Fatal(err)
+		}
+		d, err := outbox.NewDispatcher(db.Pool, pub, outbox.DispatcherConfig{PublishConcurrency: benchConcurrency})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ResetTimer()
+		start := time.Now()
+		if err := d.Drain(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		disp = float64(b.N) / time.Since(start).Seconds()
+		b.StopTimer()
+		if tot := d.Totals(); tot.Sent != int64(b.N) {
+			b.Fatalf("sent %d of %d", tot.Sent, b.N)
+		}
+		b.ReportMetric(disp, "events/s")
+	})
+	if raw > 0 && disp > 0 {
+		fmt.Printf("\n%-44s %12s\n", "through the emulator (3 subscribed queues)", "events/s")
+		fmt.Printf("%-44s %12.0f\n", "raw PublishBatch (10/call, 16 concurrent)", raw)
+		fmt.Printf("%-44s %12.0f\n", "dispatcher: outbox -> SNS FIFO (Drain)", disp)
+		fmt.Printf("%-44s %11.0f%%   (target >= 80%%)\n\n", "dispatcher / raw", 100*disp/raw)
+	}
+}
+
+// BenchmarkLatencyAt1000 offers 1,000 events/s (one business transaction
+// each, over 500 aggregates) for FIFOBOX_BENCH_SECONDS (default 10) while
+// the dispatcher runs with its defaults against the emulator, and reports
+// commit-to-publish latency: from the producer's COMMIT returning to SNS
+// acknowledging the event.
+//
+//	go test -run '^$' -bench BenchmarkLatencyAt1000 -benchtime 1x ./pkg/outbox/snspub/
+func BenchmarkLatencyAt1000(b *testing.B) {
+	seconds := 10
+	if v, err := strconv.Atoi(os.Getenv("FIFOBOX_BENCH_SECONDS")); err == nil && v > 0 {
+		seconds = v
+	}
+	const rate = 1000
+	env := emulatortest.New(b, topology.Default(), 0)
+	db := pgtest.New(b)
+	sp, err := snspub.New(env.SNS, snspub.Config{TopicARN: env.TopicARN})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var mu sync.Mutex
+	committed := map[string]time.Time{}
+	acked := map[string]time.Time{}
+	pub := outbox.PublisherFunc(func(ctx context.Context, msgs []outbox.Message) []error {
+		errs := sp.Publish(ctx, msgs)
+		now := time.Now()
+		mu.Lock()
+		for i, m := range msgs {
+			if errs[i] == nil {
+				if _, ok := acked[m.EventID]; !ok {
+					acked[m.EventID] = now
+				}
+			}
+		}
+		mu.Unlock()
+		return errs
+	})
+	var dcfg outbox.DispatcherConfig
+	if v, err := time.ParseDuration(os.Getenv("FIFOBOX_BENCH_POLL")); err == nil {
+		dcfg.PollInterval = v
+	}
+	if v, err := strconv.Atoi(os.Getenv("FIFOBOX_BENCH_WORKERS")); err == nil {
+		dcfg.Workers = v
+	}
+	d, err := outbox.NewDispatcher(db.Pool, pub, dcfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = d.Run(ctx) }()
+
+	b.ResetTimer()
+	total := rate * seconds
+	const producers = 8
+	var wg sync.WaitGroup
+	start := time.Now()
+	for p := 0; p < producers; p++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := p; i < total; i += producers {
+				if wait := time.Until(start.Add(time.Duration(i) * time.Second / rate)); wait > 0 {
+					time.Sleep(wait)
+				}
+				e := makeEvent("order", fmt.Sprintf("order-%04d", i%500), i/500)
+				err := pgx.BeginFunc(context.Background(), db.Pool, func(tx pgx.Tx) error { return outbox.Enqueue(context.Background(), tx, e) })
+				now := time.Now()
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				mu.Lock()
+				committed[e.ID] = now
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	offered := float64(total) / time.Since(start).Seconds()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		mu.Lock()
+		n := len(acked)
+		mu.Unlock()
+		if n >= total || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	b.StopTimer()
+
+	mu.Lock()
+	defer mu.Unlock()
+	lat := make([]time.Duration, 0, total)
+	for id, c := range committed {
+		a, ok := acked[id]
+		if !ok {
+			b.Fatalf("event %s never acknowledged", id)
+		}
+		lat = append(lat, max(a.Sub(c), 0))
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	pct := func(q float64) float64 {
+		return float64(lat[min(len(lat)-1, int(q*float64(len(lat))))].Microseconds()) / 1000
+	}
+	b.ReportMetric(offered, "offered-events/s")
+	b.ReportMetric(pct(0.50), "p50-ms")
+	b.ReportMetric(pct(0.95), "p95-ms")
+	b.ReportMetric(pct(0.99), "p99-ms")
+	fmt.Printf("\ncommit-to-publish latency, %d events at %.0f events/s offered (dispatcher defaults, emulator)\n", len(lat), offered)
+	fmt.Printf("  p50 %.1f ms   p95 %.1f ms   p99 %.1f ms   max %.1f ms   (target p99 < 250 ms)\n\n",
+		pct(0.50), pct(0.95), pct(0.99), float64(lat[len(lat)-1].Microseconds())/1000)
+}
+
+func snsAttrs(a map[string]string) map[string]snstypes.MessageAttributeValue {
+	out := make(map[string]snstypes.MessageAttributeValue, len(a))
+	for k, v := range a {
+		out[k] = snstypes.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(v)}
+	}
+	return out
+}
+
+// enqueueSpread enqueues n order events over aggs aggregates in
+// transactions of 500.
+func enqueueSpread(tb testing.TB, db *pgtest.DB, n, aggs int) {
+	tb.Helper()
+	ctx := context.Background()
+	seq := make([]int, aggs)
+	for done := 0; done < n; {
+		batch := make([]envelope.Envelope, 0, 500)
+		for ; done < n && len(batch) < 500; done++ {
+			a := done % aggs
+			batch = append(batch, makeEvent("order", fmt.Sprintf("order-%06d", a), seq[a]))
+			seq[a]++
+		}
+		if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error { return outbox.Enqueue(ctx, tx, batch...) }); err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
