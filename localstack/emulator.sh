@@ -1,11 +1,32 @@
 #!/usr/bin/env bash
-# The Docker-free local AWS: the fauxqs SNS/SQS emulator on Node 22, both
-# installed from npm into localstack/node_modules (pinned by package-lock.json).
+# The local AWS side.
 #   emulator.sh install | start | stop | status
-# Port: FIFOBOX_EMULATOR_PORT (4566). Endpoint for clients: source localstack/env.sh.
+# FIFOBOX_EMULATOR picks it:
+#   fauxqs (default, no Docker): the fauxqs SNS/SQS emulator on Node 22, both
+#     installed from npm into localstack/node_modules (pinned by package-lock.json);
+#   localstack | floci (Docker): docker-compose.yml's profile of that name
+#     (LocalStack needs LOCALSTACK_AUTH_TOKEN; Floci needs no token).
+# All listen on 127.0.0.1:4566 (fauxqs: FIFOBOX_EMULATOR_PORT). Endpoint for
+# clients: source localstack/env.sh.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+kind="${FIFOBOX_EMULATOR:-fauxqs}"
 port="${FIFOBOX_EMULATOR_PORT:-4566}"
+case "$kind" in
+  fauxqs) ;;
+  localstack|floci)
+    docker compose version >/dev/null 2>&1 || { echo "emulator: FIFOBOX_EMULATOR=$kind needs Docker with the compose plugin; unset it to use fauxqs" >&2; exit 1; }
+    compose=(docker compose -f "$here/docker-compose.yml" --profile "$kind")
+    case "${1:-}" in
+      install) "${compose[@]}" pull ;;
+      start) "${compose[@]}" up -d --wait; echo "emulator: $kind at http://127.0.0.1:4566" >&2 ;;
+      stop) "${compose[@]}" down ;;
+      status) curl -fsS -m 2 "http://127.0.0.1:4566/_localstack/health" >/dev/null && echo "running on 127.0.0.1:4566" || { echo "not running"; exit 1; } ;;
+      *) echo "usage: $0 install|start|stop|status" >&2; exit 2 ;;
+    esac
+    exit 0 ;;
+  *) echo "emulator: FIFOBOX_EMULATOR=$kind: want fauxqs, localstack or floci" >&2; exit 2 ;;
+esac
 pidfile="$here/.emulator-$port.pid"
 logfile="$here/.emulator-$port.log"
 node="$here/node_modules/.bin/node"
