@@ -1,34 +1,44 @@
+// Command infra is fifobox's CDK app (run by the CDK CLI through cdk.json).
+//
+//	cdk synth                      # <Prefix>-Stateful and <Prefix>-Stateless (offline)
+//	cdk synth -c local=true        # <Prefix>-Local, for cdklocal (LocalStack/Floci)
+//
+// Context values are listed in stacks.FromContext.
 package main
 
 import (
+	"fmt"
+	"os"
+
 	"github.com/aws/aws-cdk-go/awscdk/v2"
-	"github.com/aws/aws-cdk-go/awscdk/v2/awsec2"
-	"github.com/aws/aws-cdk-go/awscdk/v2/awsrds"
-	"github.com/aws/aws-cdk-go/awscdk/v2/awssns"
-	"github.com/aws/aws-cdk-go/awscdk/v2/awssqs"
-	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
-	"github.com/aws/aws-cdk-go/awscdk/v2/awslambdaeventsources"
-	"github.com/aws/aws-cdk-go/awscdk/v2/awscloudwatch"
-	"github.com/aws/aws-cdk-go/awscdk/v2/awscloudwatchactions"
-	"github.com/aws/aws-cdk-go/awscdk/v2/awskms"
-	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
-	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
-	"github.com/aws/aws-cdk-go/awscdk/v2/awsscheduler"
-	"github.com/aws/aws-cdk-go/awscdk/v2/awsschedulertargets"
-	"github.com/aws/aws-cdk-go/awscdk/v2/triggers"
-	"github.com/aws/aws-cdk-go/awscdk/v2/assertions"
-	"github.com/aws/aws-cdk-go/awscdk/v2/awssnssubscriptions"
-	"github.com/aws/aws-cdk-go/awscdk/v2/awssecretsmanager"
 	"github.com/aws/jsii-runtime-go"
-	"github.com/aws/constructs-go/constructs/v10"
-	"github.com/cdklabs/cdk-nag-go/cdknag/v2"
-	"github.com/fifobox/fifobox/pkg/topology"
+
+	"github.com/fifobox/fifobox/infra/stacks"
 )
 
-var _ = []any{awsec2.NewVpc, awsrds.NewDatabaseCluster, awssns.NewTopic, awssqs.NewQueue, awslambda.NewFunction, awslambdaeventsources.NewSqsEventSource, awscloudwatch.NewAlarm, awscloudwatchactions.NewSnsAction, awskms.NewKey, awsiam.NewRole, awslogs.NewLogGroup, awsscheduler.NewSchedule, awsschedulertargets.NewLambdaInvoke, triggers.NewTrigger, assertions.Template_FromStack, awssnssubscriptions.NewSqsSubscription, awssecretsmanager.NewSecret, constructs.NewConstruct, cdknag.NewAwsSolutionsChecks, topology.Default}
-
 func main() {
+	defer jsii.Close()
 	app := awscdk.NewApp(nil)
+	cfg, err := stacks.FromContext(app.Node(), stacks.DefaultConfig())
+	if err == nil {
+		_, err = stacks.Build(app, cfg, stacks.ContextBool(app.Node(), "local"), env(cfg))
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fifobox infra:", err)
+		jsii.Close()
+		os.Exit(1)
+	}
 	app.Synth(nil)
-	jsii.Close()
+}
+
+// env pins account and region only when a VPC lookup needs them; otherwise the
+// templates stay environment-agnostic and synthesise without AWS credentials.
+func env(cfg stacks.Config) *awscdk.Environment {
+	if cfg.VpcID == "" {
+		return nil
+	}
+	return &awscdk.Environment{
+		Account: jsii.String(os.Getenv("CDK_DEFAULT_ACCOUNT")),
+		Region:  jsii.String(os.Getenv("CDK_DEFAULT_REGION")),
+	}
 }
