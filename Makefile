@@ -6,7 +6,7 @@ GO    ?= go
 export CDK_DISABLE_CLI_TELEMETRY := true
 FUNCTIONS := dispatcher consumer redrive
 
-.PHONY: help local test test-go test-infra bench fuzz vet migrate build synth deploy deploy-local emulator-up emulator-down clean
+.PHONY: help local test test-go test-containers test-infra bench fuzz vet migrate build synth deploy deploy-local emulator-up emulator-down clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -19,6 +19,9 @@ test: ## every test: PostgreSQL, emulator and CDK included (what CI runs)
 
 test-go: ## application module tests only (expects PostgreSQL and the emulator up)
 	$(GO) test -count=1 ./...
+
+test-containers: ## tests with PostgreSQL and Floci/LocalStack in Docker (testcontainers-go), no local services needed
+	FIFOBOX_TESTCONTAINERS=1 $(GO) test -tags testcontainers -count=1 ./...
 
 test-infra: ## CDK assertion + cdk-nag tests (infra/ module)
 	./infra/scripts/test.sh

@@ -1,6 +1,7 @@
 // Package emulatortest connects integration tests to an SNS/SQS endpoint:
 // FIFOBOX_TEST_AWS_ENDPOINT (or AWS_ENDPOINT_URL) if set, such as LocalStack
-// or Floci; otherwise the Docker-free fauxqs emulator on 127.0.0.1:4566,
+// or Floci; else, with FIFOBOX_TESTCONTAINERS=1 and -tags testcontainers, a
+// Floci (or LocalStack) container; otherwise the Docker-free fauxqs emulator on 127.0.0.1:4566,
 // started through localstack/emulator.sh if it is not running. Each test
 // provisions its own topology under a unique name prefix, so tests run in
 // parallel on one emulator. FIFOBOX_SKIP_EMULATOR=1 skips these tests.
@@ -26,6 +27,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sns"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
+	"github.com/fifobox/fifobox/internal/containers"
 	"github.com/fifobox/fifobox/pkg/awsclient"
 	"github.com/fifobox/fifobox/pkg/topology"
 	"github.com/fifobox/fifobox/pkg/topology/provision"
@@ -50,6 +52,15 @@ func Endpoint(tb testing.TB) string {
 				fmt.Fprintf(os.Stderr, "emulatortest: using %s=%s\n", v, e)
 				return
 			}
+		}
+		if containers.Enabled() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			endpoint, startErr = containers.Start(ctx, containers.Emulator)
+			if startErr == nil {
+				fmt.Fprintf(os.Stderr, "emulatortest: using an emulator container (testcontainers) at %s\n", endpoint)
+			}
+			return
 		}
 		endpoint = "http://127.0.0.1:4566"
 		if healthy(endpoint) {

@@ -2,34 +2,61 @@
 // real server, so integration tests run in parallel without sharing state.
 //
 // The server comes from FIFOBOX_TEST_DATABASE_URL (default
-// postgres://postgres@127.0.0.1:5432/test?sslmode=disable). If it does not
-// answer, the test fails (CI starts PostgreSQL; see .ci/run).
+// postgres://postgres@127.0.0.1:5432/test?sslmode=disable), or from a
+// testcontainers PostgreSQL with FIFOBOX_TESTCONTAINERS=1 where Docker
+// exists. If it does not answer, the test fails (CI starts PostgreSQL; see
+// .ci/run).
 package pgtest
 
 import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/fifobox/fifobox/internal/containers"
 	"github.com/fifobox/fifobox/migrations"
 )
 
 // DefaultURL is used when FIFOBOX_TEST_DATABASE_URL is unset.
 const DefaultURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 
-// URL returns the base connection string for tests.
+var (
+	urlOnce sync.Once
+	baseURL string
+)
+
+// URL returns the base connection string for tests: FIFOBOX_TEST_DATABASE_URL,
+// else a PostgreSQL container when FIFOBOX_TESTCONTAINERS=1 (see
+// internal/containers), else DefaultURL.
 func URL() string {
-	if u := os.Getenv("FIFOBOX_TEST_DATABASE_URL"); u != "" {
-		return u
-	}
-	return DefaultURL
+	urlOnce.Do(func() {
+		switch {
+		case os.Getenv("FIFOBOX_TEST_DATABASE_URL") != "":
+			baseURL = os.Getenv("FIFOBOX_TEST_DATABASE_URL")
+		case containers.Enabled():
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			u, err := containers.Start(ctx, containers.Postgres)
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "pgtest: %v\n", err)
+				os.Exit(1)
+			}
+			fmt.Fprintf(os.Stderr, "pgtest: using a PostgreSQL container (testcontainers) at %s\n", u)
+			baseURL = u
+		default:
+			baseURL = DefaultURL
+		}
+	})
+	return baseURL
 }
 
 // DB is one test's schema.
