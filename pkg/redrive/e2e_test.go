@@ -261,7 +261,8 @@ func TestDLQRedriveAppliesOnce(t *testing.T) {
 		t.Fatalf("orders-projection applied %d, want 12 (untouched)", n)
 	}
 	audit, _ := redrive.ListAudit(ctx, p.db.Pool, 5)
-	if len(audit) != 2 || audit[1].Affected != 4 || audit[1].Status != "done" {
+	// Newest first: the second (empty) redrive, the redrive, the dry run.
+	if len(audit) != 3 || audit[1].Affected != 4 || audit[1].Status != "done" || !audit[2].DryRun || audit[2].Affected != 4 {
 		t.Fatalf("audit %+v", audit)
 	}
 }

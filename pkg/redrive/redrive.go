@@ -195,6 +195,10 @@ func (s *Service) Execute(ctx context.Context, cmd Command) (Result, error) {
 	if cmd.Max < 0 {
 		return Result{}, errors.New("max must be positive")
 	}
+	var (
+		res Result
+		err error
+	)
 	switch cmd.Operation {
 	case OpMigrate:
 		return s.migrate(ctx, cmd)
@@ -203,17 +207,30 @@ func (s *Service) Execute(ctx context.Context, cmd Command) (Result, error) {
 	case OpDeadList:
 		return s.deadList(ctx, cmd)
 	case OpRequeueDead:
-		return s.requeueDead(ctx, cmd)
+		res, err = s.requeueDead(ctx, cmd)
 	case OpReplay:
-		return s.replay(ctx, cmd)
+		res, err = s.replay(ctx, cmd)
 	case OpDLQRedrive:
-		return s.dlqRedrive(ctx, cmd)
+		res, err = s.dlqRedrive(ctx, cmd)
 	case OpPrune:
-		return s.prune(ctx, cmd)
+		res, err = s.prune(ctx, cmd)
 	case "":
 		return Result{}, errors.New(`operation is required: one of migrate, status, dead-list, requeue-dead, replay, dlq-redrive, prune`)
+	default:
+		return Result{}, fmt.Errorf("unknown operation %q: want one of migrate, status, dead-list, requeue-dead, replay, dlq-redrive, prune", cmd.Operation)
 	}
-	return Result{}, fmt.Errorf("unknown operation %q: want one of migrate, status, dead-list, requeue-dead, replay, dlq-redrive, prune", cmd.Operation)
+	// Dry runs change nothing but are audited too: who looked at moving what.
+	if err == nil && cmd.DryRun && res.AuditID == 0 {
+		id, aerr := s.auditStart(ctx, s.db, cmd)
+		if aerr == nil {
+			aerr = s.auditFinish(ctx, id, cmd, res.Affected, nil)
+			res.AuditID = id
+		}
+		if aerr != nil {
+			return res, aerr
+		}
+	}
+	return res, err
 }
 
 func (s *Service) queues(consumer string) (QueueURLs, error) {

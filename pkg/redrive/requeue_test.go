@@ -133,8 +133,11 @@ func TestRequeueDeadPublishesInOrder(t *testing.T) {
 		t.Fatalf("dead list: %+v %v", dl, err)
 	}
 	audit, err := redrive.ListAudit(ctx, db.Pool, 10)
-	if err != nil || len(audit) != 2 {
+	if err != nil || len(audit) != 3 {
 		t.Fatalf("audit: %+v %v", audit, err)
+	}
+	if a := audit[2]; a.Operation != "requeue-dead" || !a.DryRun || a.Affected != 3 || a.Actor != "test" {
+		t.Fatalf("dry run audit row %+v", a)
 	}
 	if a := audit[1]; a.Operation != "requeue-dead" || a.Actor != "alice@laptop" || a.Status != "done" || a.Affected != 3 || a.FinishedAt == nil {
 		t.Fatalf("audit row %+v", a)
