@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -24,6 +25,7 @@ import (
 	"github.com/fifobox/fifobox/migrations"
 	"github.com/fifobox/fifobox/pkg/db"
 	"github.com/fifobox/fifobox/pkg/envelope"
+	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/outbox/outboxtest"
 )
@@ -171,7 +173,41 @@ logfile = %s/pgbouncer.log
 		}
 		last[a.AggregateID] = a.Sequence
 	}
-	t.Logf("%d events enqueued and dispatched in order through pgbouncer (transaction mode, 8 clients on 2 server connections)", rec.Len())
+	// The consumer side: every acknowledged event processed through the
+	// inbox twice, concurrently: each applied exactly once.
+	var applied atomic.Int64
+	var cwg sync.WaitGroup
+	acks := rec.Acks()
+	for copyN := 0; copyN < 2; copyN++ {
+		for w := 0; w < 4; w++ {
+			cwg.Add(1)
+			go func(w int) {
+				defer cwg.Done()
+				for i := w; i < len(acks); i += 4 {
+					e := envelope.Envelope{ID: acks[i].EventID, Type: "t.x", OccurredAt: time.Now(), AggregateType: "a",
+						AggregateID: acks[i].AggregateID, Sequence: acks[i].Sequence, SchemaVersion: 1, Payload: json.RawMessage(`{}`)}
+					_, err := inbox.Process(ctx, pool, "pgbouncer-test", e, func(context.Context, pgx.Tx) error {
+						applied.Add(1)
+						return nil
+					})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}(w)
+		}
+	}
+	cwg.Wait()
+	var rows int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE consumer = 'pgbouncer-test'`).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if rows != len(acks) || applied.Load() != int64(len(acks)) {
+		t.Fatalf("inbox has %d rows and ran %d side effects, want %d of each", rows, applied.Load(), len(acks))
+	}
+	t.Logf("%d events enqueued and dispatched in order, then each delivered twice to the inbox (%d side effects committed), through pgbouncer (transaction mode, 8 clients on 2 server connections)",
+		rec.Len(), rows)
 }
 
 func write(t *testing.T, path, s string) {
