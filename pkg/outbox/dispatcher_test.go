@@ -304,8 +304,8 @@ func TestGracefulStopLeavesNothingClaimed(t *testing.T) {
 func TestRunRespectsDeadlineMargin(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	d := newDispatcher(t, db.Pool, &outboxtest.Recorder{}, outbox.DispatcherConfig{DeadlineMargin: 400 * time.Millisecond, PollInterval: 10 * time.Millisecond})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	d := newDispatcher(t, db.Pool, &outboxtest.Recorder{}, outbox.DispatcherConfig{DeadlineMargin: time.Second, PollInterval: 10 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	go func() {
 		for i := 0; ctx.Err() == nil; i++ {
@@ -317,8 +317,10 @@ func TestRunRespectsDeadlineMargin(t *testing.T) {
 	if err := d.Run(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if el := time.Since(start); el > 750*time.Millisecond || el < 400*time.Millisecond {
-		t.Fatalf("Run returned after %s; want about deadline (1s) minus margin (0.4s)", el)
+	// It must keep working until about deadline minus margin (2s) and return
+	// before the deadline itself (3s); the slack absorbs a loaded machine.
+	if el := time.Since(start); el >= 3*time.Second || el < 1500*time.Millisecond {
+		t.Fatalf("Run returned after %s; want between deadline minus margin (2s) and the deadline (3s)", el)
 	}
 	if d.Totals().Sent == 0 {
 		t.Fatal("nothing published while running")
