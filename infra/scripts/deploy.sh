@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# cdk deploy --all to the AWS account and region of your environment
+# (AWS_PROFILE / AWS_REGION / credentials as for the AWS CLI). Deploys
+# <Prefix>-Stateful, then <Prefix>-Stateless; the deploy runs the migrations
+# (trigger -> redrive function, operation "migrate") before the schedule and
+# consumers start. Needs `make build` first and a bootstrapped environment:
+# set FIFOBOX_BOOTSTRAP=1 to run `cdk bootstrap` first. Extra arguments go to
+# `cdk deploy` (e.g. -c alarmEmail=ops@example.com, --require-approval never).
+set -euo pipefail
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+ensure_go
+install_tools
+ensure_node
+require_build
+cd "$INFRA"
+if [ "${FIFOBOX_BOOTSTRAP:-0}" = 1 ]; then
+  cdk bootstrap "${ASSET_CONTEXT[@]}"
+fi
+cdk deploy --all "${ASSET_CONTEXT[@]}" "$@"

@@ -1,0 +1,262 @@
+// Package stacks holds fifobox's CDK stacks: the stateful network and database
+// (StatefulStack), the messaging pipeline and its functions (StatelessStack),
+// a Docker-emulator variant without VPC or Aurora (LocalStack), and the alarms
+// and dashboard that both pipelines carry.
+//
+// The messaging layout (topic, queues, DLQs, filters, timeouts, concurrency)
+// is not defined here: it comes from pkg/topology, the same definition the
+// local bootstrapper reads.
+package stacks
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/aws/constructs-go/constructs/v10"
+
+	"github.com/fifobox/fifobox/pkg/topology"
+)
+
+// Metric names and dimensions emitted by the functions as CloudWatch EMF.
+// They must match pkg/metrics/fifobox.go (infra does not import it to keep the
+// application's database and SDK dependencies out of this module).
+const (
+	MetricsNamespace = "Fifobox"
+
+	DimService        = "Service"
+	DimConsumer       = "Consumer"
+	ServiceDispatcher = "dispatcher"
+
+	MetricOutboxBacklog           = "OutboxBacklog"
+	MetricOldestPendingAgeSeconds = "OldestPendingAgeSeconds"
+	MetricDeadEvents              = "DeadEvents"
+	MetricParkedAggregates        = "ParkedAggregates"
+	MetricPublished               = "Published"
+	MetricRetries                 = "Retries"
+	MetricProcessed               = "Processed"
+	MetricDuplicates              = "Duplicates"
+	MetricFailures                = "Failures"
+	MetricConsumerLagSeconds      = "ConsumerLagSeconds"
+)
+
+// Function names, also the directories under the asset dir that hold each
+// function's `bootstrap` (make build writes build/lambda/<name>/bootstrap).
+const (
+	FnDispatcher = "dispatcher"
+	FnConsumer   = "consumer"
+	FnRedrive    = "redrive"
+)
+
+// DBPort is the PostgreSQL port of the cluster and of RDS Proxy.
+const DBPort = 5432
+
+// Thresholds are the alarm thresholds. An alarm fires when its metric is
+// greater than the threshold (">" comparisons throughout).
+type Thresholds struct {
+	// OldestPendingAgeSeconds: the oldest unsent outbox event is older than this
+	// (the publish lag the dispatcher is failing to keep down).
+	OldestPendingAgeSeconds float64
+	// OutboxBacklog: pending outbox events.
+	OutboxBacklog float64
+	// DeadEvents: outbox rows that exhausted their publish attempts.
+	DeadEvents float64
+	// ParkedAggregates: aggregates whose later events wait behind a dead event.
+	ParkedAggregates float64
+	// ConsumerLagSeconds: now - occurred_at of the oldest event in a consumer batch.
+	ConsumerLagSeconds float64
+	// ConsumerFailures: failed records per consumer over FailureWindowMinutes.
+	ConsumerFailures float64
+	// QueueOldestMessageAgeSeconds: SQS ApproximateAgeOfOldestMessage of a consumer queue.
+	QueueOldestMessageAgeSeconds float64
+	// DLQVisibleMessages: messages waiting in a dead-letter queue.
+	DLQVisibleMessages float64
+	// DispatcherErrors / DispatcherThrottles: Lambda Errors / Throttles of the dispatcher.
+	DispatcherErrors    float64
+	DispatcherThrottles float64
+	// ConsumerErrors: Lambda Errors of a consumer function (a whole batch failed).
+	ConsumerErrors float64
+	// ScheduleDLQVisibleMessages: scheduler invocations that could not be delivered.
+	ScheduleDLQVisibleMessages float64
+}
+
+// DefaultThresholds are the shipped alarm thresholds.
+func DefaultThresholds() Thresholds {
+	return Thresholds{
+		OldestPendingAgeSeconds:      60,
+		OutboxBacklog:                10000,
+		DeadEvents:                   0,
+		ParkedAggregates:             0,
+		ConsumerLagSeconds:           300,
+		ConsumerFailures:             10,
+		QueueOldestMessageAgeSeconds: 300,
+		DLQVisibleMessages:           0,
+		DispatcherErrors:             0,
+		DispatcherThrottles:          0,
+		ConsumerErrors:               0,
+		ScheduleDLQVisibleMessages:   0,
+	}
+}
+
+// ProxyAttributes identify an existing RDS Proxy (with IAM auth) to use
+// instead of creating Aurora and a proxy.
+type ProxyAttributes struct {
+	Arn, Name, Endpoint, SecurityGroupID string
+}
+
+// Config is everything the stacks are parameterised by.
+type Config struct {
+	// Prefix names the stacks (<Prefix>-Stateful, ...) and alarms.
+	Prefix string
+	// Topology is the messaging layout (pkg/topology).
+	Topology topology.Topology
+	// AssetDir holds <function>/bootstrap for each function.
+	AssetDir string
+
+	// DatabaseName and DatabaseUser: the database the functions use and the
+	// user they authenticate as (IAM auth through RDS Proxy).
+	DatabaseName string
+	DatabaseUser string
+	// DatabaseURL (local variant only) is passed as FIFOBOX_DATABASE_URL.
+	DatabaseURL string
+
+	// Aurora Serverless v2 capacity range in ACUs.
+	MinCapacity, MaxCapacity float64
+	// SecretRotationDays rotates the generated database secret.
+	SecretRotationDays float64
+
+	// Dispatcher function settings.
+	DispatcherTimeoutSeconds      float64
+	DispatcherReservedConcurrency float64
+	DispatcherMemoryMB            float64
+	// ConsumerMemoryMB applies to every consumer function.
+	ConsumerMemoryMB float64
+	// RedriveTimeoutSeconds bounds migrations and redrive operations.
+	RedriveTimeoutSeconds float64
+
+	// Thresholds for the alarms.
+	Thresholds Thresholds
+	// AlarmEmail, if set, is subscribed to the alarm topic.
+	AlarmEmail string
+
+	// VpcID, if set, uses an existing VPC (a context lookup: needs an AWS
+	// account and region in the environment). SubnetGroupName then selects
+	// the subnets for the functions and the database (default: the isolated
+	// subnets); CreateEndpoints=false skips the interface endpoints if the
+	// VPC already has them.
+	VpcID           string
+	SubnetGroupName string
+	CreateEndpoints bool
+	// ExistingProxy, if set, uses an existing RDS Proxy (and its database)
+	// instead of creating Aurora Serverless v2 and a proxy.
+	ExistingProxy *ProxyAttributes
+}
+
+// DefaultConfig is the configuration `cdk synth` uses without context.
+func DefaultConfig() Config {
+	return Config{
+		Prefix:                        "Fifobox",
+		Topology:                      topology.Default(),
+		AssetDir:                      "../build/lambda",
+		DatabaseName:                  "fifobox",
+		DatabaseUser:                  "fifobox",
+		DatabaseURL:                   "postgres://postgres:postgres@host.docker.internal:5432/fifobox?sslmode=disable",
+		MinCapacity:                   0.5,
+		MaxCapacity:                   4,
+		SecretRotationDays:            30,
+		DispatcherTimeoutSeconds:      70,
+		DispatcherReservedConcurrency: 2,
+		DispatcherMemoryMB:            512,
+		ConsumerMemoryMB:              256,
+		RedriveTimeoutSeconds:         300,
+		Thresholds:                    DefaultThresholds(),
+		CreateEndpoints:               true,
+	}
+}
+
+// Validate checks the configuration before anything is synthesised.
+func (c Config) Validate() error {
+	if err := c.Topology.Validate(); err != nil {
+		return fmt.Errorf("topology: %w", err)
+	}
+	for _, fn := range []string{FnDispatcher, FnConsumer, FnRedrive} {
+		p := filepath.Join(c.AssetDir, fn, "bootstrap")
+		if _, err := os.Stat(p); err != nil {
+			return fmt.Errorf("function %s: %s missing (run `make build` first): %w", fn, p, err)
+		}
+	}
+	if c.DispatcherTimeoutSeconds < 1 || c.DispatcherTimeoutSeconds > 900 {
+		return fmt.Errorf("dispatcher timeout %v s: must be 1-900", c.DispatcherTimeoutSeconds)
+	}
+	if c.DatabaseUser == "" || c.DatabaseName == "" {
+		return fmt.Errorf("database name and user are required")
+	}
+	return nil
+}
+
+// FromContext overrides cfg with the CDK context values (-c key=value or
+// cdk.json "context"): prefix, assetDir, databaseName, databaseUser,
+// databaseUrl, alarmEmail, vpcId, subnetGroupName, createEndpoints,
+// dbProxyArn/dbProxyName/dbProxyEndpoint/dbProxySecurityGroupId,
+// dispatcherReservedConcurrency, minCapacity, maxCapacity.
+func FromContext(node constructs.Node, cfg Config) (Config, error) {
+	str := func(key string, dst *string) {
+		if v := node.TryGetContext(&key); v != nil {
+			*dst = fmt.Sprint(v)
+		}
+	}
+	num := func(key string, dst *float64) error {
+		v := node.TryGetContext(&key)
+		if v == nil {
+			return nil
+		}
+		f, err := strconv.ParseFloat(fmt.Sprint(v), 64)
+		if err != nil {
+			return fmt.Errorf("context %s=%v: not a number", key, v)
+		}
+		*dst = f
+		return nil
+	}
+	str("prefix", &cfg.Prefix)
+	str("assetDir", &cfg.AssetDir)
+	str("databaseName", &cfg.DatabaseName)
+	str("databaseUser", &cfg.DatabaseUser)
+	str("databaseUrl", &cfg.DatabaseURL)
+	str("alarmEmail", &cfg.AlarmEmail)
+	str("vpcId", &cfg.VpcID)
+	str("subnetGroupName", &cfg.SubnetGroupName)
+	var endpoints string
+	str("createEndpoints", &endpoints)
+	if endpoints != "" {
+		cfg.CreateEndpoints = strings.EqualFold(endpoints, "true")
+	}
+	for key, dst := range map[string]*float64{
+		"dispatcherReservedConcurrency": &cfg.DispatcherReservedConcurrency,
+		"minCapacity":                   &cfg.MinCapacity,
+		"maxCapacity":                   &cfg.MaxCapacity,
+	} {
+		if err := num(key, dst); err != nil {
+			return cfg, err
+		}
+	}
+	var p ProxyAttributes
+	str("dbProxyArn", &p.Arn)
+	str("dbProxyName", &p.Name)
+	str("dbProxyEndpoint", &p.Endpoint)
+	str("dbProxySecurityGroupId", &p.SecurityGroupID)
+	if p != (ProxyAttributes{}) {
+		if p.Arn == "" || p.Name == "" || p.Endpoint == "" || p.SecurityGroupID == "" {
+			return cfg, fmt.Errorf("an existing proxy needs all of dbProxyArn, dbProxyName, dbProxyEndpoint, dbProxySecurityGroupId")
+		}
+		cfg.ExistingProxy = &p
+	}
+	return cfg, nil
+}
+
+// ContextBool reads a boolean context value ("true"/true).
+func ContextBool(node constructs.Node, key string) bool {
+	v := node.TryGetContext(&key)
+	return v != nil && strings.EqualFold(fmt.Sprint(v), "true")
+}

@@ -1,0 +1,68 @@
+package stacks
+
+import (
+	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awscloudwatch"
+	"github.com/aws/aws-cdk-go/awscdk/v2/interfaces/interfacesawscloudwatch"
+	"github.com/aws/jsii-runtime-go"
+)
+
+func graph(title string, width float64, left []awscloudwatch.IMetric, threshold *float64) awscloudwatch.IWidget {
+	props := &awscloudwatch.GraphWidgetProps{
+		Title: jsii.String(title), Width: jsii.Number(width), Height: jsii.Number(6), Left: &left,
+	}
+	if threshold != nil {
+		props.LeftAnnotations = &[]*awscloudwatch.HorizontalAnnotation{{Value: threshold, Label: jsii.String("alarm threshold")}}
+	}
+	return awscloudwatch.NewGraphWidget(props)
+}
+
+func row(w ...awscloudwatch.IWidget) *[]awscloudwatch.IWidget { return &w }
+
+// newDashboard shows the alarmed signals: alarm states first, then the outbox
+// (backlog, age, dead, parked), the dispatcher function, and per consumer its
+// lag, outcomes, queue age and DLQ depth.
+func newDashboard(stack awscdk.Stack, cfg Config, p *Pipeline) {
+	th := cfg.Thresholds
+	alarms := make([]interfacesawscloudwatch.IAlarmRef, 0, len(p.Alarms))
+	for _, a := range p.Alarms {
+		alarms = append(alarms, a)
+	}
+	widgets := []*[]awscloudwatch.IWidget{
+		row(awscloudwatch.NewAlarmStatusWidget(&awscloudwatch.AlarmStatusWidgetProps{
+			Title: jsii.String("Alarms"), Alarms: &alarms, Width: jsii.Number(24), Height: jsii.Number(4),
+		})),
+		row(
+			graph("Outbox backlog (pending events)", 6, []awscloudwatch.IMetric{dispatcherMetric(MetricOutboxBacklog, "Maximum", 60)}, jsii.Number(th.OutboxBacklog)),
+			graph("Oldest pending event age (s)", 6, []awscloudwatch.IMetric{dispatcherMetric(MetricOldestPendingAgeSeconds, "Maximum", 60)}, jsii.Number(th.OldestPendingAgeSeconds)),
+			graph("Dead events / parked aggregates", 6, []awscloudwatch.IMetric{
+				dispatcherMetric(MetricDeadEvents, "Maximum", 300), dispatcherMetric(MetricParkedAggregates, "Maximum", 300)}, nil),
+			graph("Published / retries per minute", 6, []awscloudwatch.IMetric{
+				dispatcherMetric(MetricPublished, "Sum", 60), dispatcherMetric(MetricRetries, "Sum", 60)}, nil),
+		),
+		row(
+			graph("Dispatcher invocations / errors / throttles", 8, []awscloudwatch.IMetric{
+				p.Dispatcher.MetricInvocations(minutes(5)), p.Dispatcher.MetricErrors(minutes(5)), p.Dispatcher.MetricThrottles(minutes(5))}, nil),
+			graph("Dispatcher duration (ms)", 8, []awscloudwatch.IMetric{p.Dispatcher.MetricDuration(&awscloudwatch.MetricOptions{Statistic: jsii.String("Maximum")})}, nil),
+			graph("Schedule DLQ (undelivered ticks)", 8, []awscloudwatch.IMetric{p.ScheduleDLQ.MetricApproximateNumberOfMessagesVisible(nil)}, nil),
+		),
+	}
+	for _, cr := range p.Consumers {
+		n := cr.Consumer.Name
+		widgets = append(widgets, row(
+			graph(n+": lag (s)", 6, []awscloudwatch.IMetric{consumerMetric(n, MetricConsumerLagSeconds, "Maximum", 60)}, jsii.Number(th.ConsumerLagSeconds)),
+			graph(n+": processed / duplicates / failures", 6, []awscloudwatch.IMetric{
+				consumerMetric(n, MetricProcessed, "Sum", 60), consumerMetric(n, MetricDuplicates, "Sum", 60),
+				consumerMetric(n, MetricFailures, "Sum", 60), cr.Function.MetricErrors(minutes(1))}, nil),
+			graph(n+": oldest message age (s)", 6, []awscloudwatch.IMetric{
+				cr.Queue.MetricApproximateAgeOfOldestMessage(&awscloudwatch.MetricOptions{Statistic: jsii.String("Maximum")})}, jsii.Number(th.QueueOldestMessageAgeSeconds)),
+			graph(n+": DLQ messages", 6, []awscloudwatch.IMetric{
+				cr.DLQ.MetricApproximateNumberOfMessagesVisible(&awscloudwatch.MetricOptions{Statistic: jsii.String("Maximum")})}, jsii.Number(th.DLQVisibleMessages)),
+		))
+	}
+	p.Dashboard = awscloudwatch.NewDashboard(stack, jsii.String("Dashboard"), &awscloudwatch.DashboardProps{
+		DashboardName:   jsii.String(cfg.Prefix),
+		DefaultInterval: awscdk.Duration_Hours(jsii.Number(3)),
+		Widgets:         &widgets,
+	})
+}

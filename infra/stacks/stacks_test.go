@@ -1,0 +1,967 @@
+package stacks_test
+
+// The one CDK test package: every test shares one jsii (Node) process and
+// each app is synthesised once (sync.Once). Assertions run in Go on the
+// synthesised templates (assertions.Template.ToJSON); cdk-nag findings come
+// from assertions.Annotations.
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/assertions"
+	"github.com/aws/jsii-runtime-go"
+
+	"github.com/fifobox/fifobox/infra/stacks"
+	"github.com/fifobox/fifobox/pkg/topology"
+)
+
+var assetDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "fifobox-infra-assets")
+	if err != nil {
+		panic(err)
+	}
+	// Dummy bootstraps: the tests check templates, not binaries.
+	for _, fn := range []string{stacks.FnDispatcher, stacks.FnConsumer, stacks.FnRedrive} {
+		if err := os.MkdirAll(filepath.Join(dir, fn), 0o755); err != nil {
+			panic(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, fn, "bootstrap"), []byte("#!/bin/sh\n"), 0o755); err != nil {
+			panic(err)
+		}
+	}
+	assetDir = dir
+	code := m.Run()
+	jsii.Close()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// template is a synthesised CloudFormation template.
+type template map[string]any
+
+type resource struct {
+	ID    string
+	Type  string
+	Props map[string]any
+	Meta  map[string]any
+}
+
+func (t template) resources(typ string) []resource {
+	var out []resource
+	res, _ := t["Resources"].(map[string]any)
+	ids := make([]string, 0, len(res))
+	for id := range res {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		r := res[id].(map[string]any)
+		if typ != "" && r["Type"] != typ {
+			continue
+		}
+		props, _ := r["Properties"].(map[string]any)
+		meta, _ := r["Metadata"].(map[string]any)
+		out = append(out, resource{ID: id, Type: r["Type"].(string), Props: props, Meta: meta})
+	}
+	return out
+}
+
+func (t template) resource(id string) resource {
+	res, _ := t["Resources"].(map[string]any)
+	r, ok := res[id].(map[string]any)
+	if !ok {
+		return resource{}
+	}
+	props, _ := r["Properties"].(map[string]any)
+	return resource{ID: id, Type: r["Type"].(string), Props: props}
+}
+
+// refID returns the logical id a {"Ref"} or {"Fn::GetAtt"} points at.
+func refID(v any) string {
+	m, ok := v.(map[string]any)
+	if !ok {
+		return ""
+	}
+	if r, ok := m["Ref"].(string); ok {
+		return r
+	}
+	if ga, ok := m["Fn::GetAtt"].([]any); ok && len(ga) > 0 {
+		s, _ := ga[0].(string)
+		return s
+	}
+	return ""
+}
+
+func dig(v any, path ...string) any {
+	for _, p := range path {
+		m, ok := v.(map[string]any)
+		if !ok {
+			return nil
+		}
+		v = m[p]
+	}
+	return v
+}
+
+func num(v any) float64 {
+	switch n := v.(type) {
+	case float64:
+		return n
+	case string:
+		var f float64
+		fmt.Sscan(n, &f)
+		return f
+	}
+	return -1
+}
+
+type synthesised struct {
+	stateful, stateless, local template
+	nagErrors, nagWarnings     []string
+	statelessStack             *stacks.StatelessStack
+}
+
+func newApp(t *testing.T) awscdk.App {
+	// The same feature flags as `cdk synth` (cdk.json context).
+	b, err := os.ReadFile("../cdk.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cdkJSON struct {
+		Context map[string]any `json:"context"`
+	}
+	if err := json.Unmarshal(b, &cdkJSON); err != nil {
+		t.Fatal(err)
+	}
+	return awscdk.NewApp(&awscdk.AppProps{Context: &cdkJSON.Context, AnalyticsReporting: jsii.Bool(false)})
+}
+
+func testConfig() stacks.Config {
+	cfg := stacks.DefaultConfig()
+	cfg.AssetDir = assetDir
+	return cfg
+}
+
+func toTemplate(st awscdk.Stack) template {
+	return template(*assertions.Template_FromStack(st, nil).ToJSON())
+}
+
+var (
+	awsOnce, localOnce sync.Once
+	awsSynth           synthesised
+	localSynth         synthesised
+	awsErr, localErr   error
+)
+
+// awsStacks synthesises the AWS pair once, with cdk-nag applied.
+func awsStacks(t *testing.T) *synthesised {
+	t.Helper()
+	awsOnce.Do(func() {
+		// With cdk-nag errors, synthesis itself fails (a policy-validation
+		// report): turn the panic into an error naming the findings.
+		defer func() {
+			if r := recover(); r != nil {
+				awsErr = synthFailure(r)
+			}
+		}()
+		app := newApp(t)
+		s, err := stacks.Build(app, testConfig(), false, nil)
+		if err != nil {
+			awsErr = err
+			return
+		}
+		awsSynth.stateful = toTemplate(s.Stateful.Stack)
+		awsSynth.stateless = toTemplate(s.Stateless.Stack)
+		awsSynth.statelessStack = s.Stateless
+		for _, st := range []awscdk.Stack{s.Stateful.Stack, s.Stateless.Stack} {
+			ann := assertions.Annotations_FromStack(st)
+			match := assertions.Match_StringLikeRegexp(jsii.String("AwsSolutions-.*|CdkNagValidationFailure.*"))
+			for _, m := range *ann.FindError(jsii.String("*"), match) {
+				awsSynth.nagErrors = append(awsSynth.nagErrors, fmt.Sprintf("%s: %v", *m.Id, m.Entry.Data))
+			}
+			for _, m := range *ann.FindWarning(jsii.String("*"), match) {
+				awsSynth.nagWarnings = append(awsSynth.nagWarnings, fmt.Sprintf("%s: %v", *m.Id, m.Entry.Data))
+			}
+		}
+	})
+	if awsErr != nil {
+		t.Fatal(awsErr)
+	}
+	return &awsSynth
+}
+
+// synthFailure describes a panic of synthesis. cdk-nag errors make synthesis
+// fail ("Validation failed"); CDK prints each finding (ERROR AwsSolutions-...)
+// with its construct path to stdout, above the test failure.
+func synthFailure(r any) error {
+	return fmt.Errorf("synthesis failed (cdk-nag findings, if any, are printed above): %v", r)
+}
+
+// localStack synthesises the local variant once.
+func localStack(t *testing.T) template {
+	t.Helper()
+	localOnce.Do(func() {
+		defer func() {
+			if r := recover(); r != nil {
+				localErr = synthFailure(r)
+			}
+		}()
+		app := newApp(t)
+		s, err := stacks.Build(app, testConfig(), true, nil)
+		if err != nil {
+			localErr = err
+			return
+		}
+		localSynth.local = toTemplate(s.Local.Stack)
+	})
+	if localErr != nil {
+		t.Fatal(localErr)
+	}
+	return localSynth.local
+}
+
+// functions maps role -> function resource: "dispatcher", "redrive", and
+// "consumer:<name>", recognised by their environment.
+func functions(t *testing.T, tpl template) map[string]resource {
+	t.Helper()
+	out := map[string]resource{}
+	for _, f := range tpl.resources("AWS::Lambda::Function") {
+		env, _ := dig(f.Props, "Environment", "Variables").(map[string]any)
+		switch {
+		case env["FIFOBOX_TOPIC_ARN"] != nil:
+			out["dispatcher"] = f
+		case env["FIFOBOX_DEFAULT_OPERATION"] != nil:
+			out["redrive"] = f
+		case env["FIFOBOX_CONSUMER_NAME"] != nil:
+			out["consumer:"+env["FIFOBOX_CONSUMER_NAME"].(string)] = f
+		}
+	}
+	if want := 2 + len(topology.Default().Consumers); len(out) != want {
+		t.Fatalf("found %d fifobox functions, want %d: %v", len(out), want, keys(out))
+	}
+	return out
+}
+
+func keys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func queueByName(t *testing.T, tpl template, name string) resource {
+	t.Helper()
+	for _, q := range tpl.resources("AWS::SQS::Queue") {
+		if q.Props["QueueName"] == name {
+			return q
+		}
+	}
+	t.Fatalf("no queue named %s", name)
+	return resource{}
+}
+
+func TestTopicIsFifoFromTopology(t *testing.T) {
+	tpl := awsStacks(t).stateless
+	top := topology.Default().Topic
+	var found bool
+	for _, tp := range tpl.resources("AWS::SNS::Topic") {
+		if tp.Props["TopicName"] != top.Name {
+			continue
+		}
+		found = true
+		if tp.Props["FifoTopic"] != true {
+			t.Errorf("FifoTopic = %v", tp.Props["FifoTopic"])
+		}
+		if tp.Props["ContentBasedDeduplication"] != false {
+			t.Errorf("ContentBasedDeduplication = %v, want false (dedup id = event id)", tp.Props["ContentBasedDeduplication"])
+		}
+		if tp.Props["FifoThroughputScope"] != top.ThroughputScope {
+			t.Errorf("FifoThroughputScope = %v, want %s", tp.Props["FifoThroughputScope"], top.ThroughputScope)
+		}
+	}
+	if !found {
+		t.Fatalf("no topic %s", top.Name)
+	}
+}
+
+func TestEveryTopicAndQueueUsesARotatedCMK(t *testing.T) {
+	for name, tpl := range map[string]template{"stateless": awsStacks(t).stateless, "local": localStack(t)} {
+		keysByID := map[string]bool{}
+		for _, k := range tpl.resources("AWS::KMS::Key") {
+			if k.Props["EnableKeyRotation"] != true {
+				t.Errorf("%s: key %s without rotation", name, k.ID)
+			}
+			keysByID[k.ID] = true
+		}
+		for _, typ := range []string{"AWS::SNS::Topic", "AWS::SQS::Queue"} {
+			for _, r := range tpl.resources(typ) {
+				attr := "KmsMasterKeyId"
+				if id := refID(r.Props[attr]); !keysByID[id] {
+					t.Errorf("%s: %s %s: KmsMasterKeyId %v is not a customer-managed key of the stack", name, typ, r.ID, r.Props[attr])
+				}
+			}
+		}
+	}
+}
+
+func TestConsumerQueuesDLQsAndRedrive(t *testing.T) {
+	tpl := awsStacks(t).stateless
+	fns := functions(t, tpl)
+	for _, c := range topology.Default().Consumers {
+		t.Run(c.Name, func(t *testing.T) {
+			q := queueByName(t, tpl, c.QueueName())
+			dlq := queueByName(t, tpl, c.DLQName())
+			for _, r := range []resource{q, dlq} {
+				if r.Props["FifoQueue"] != true {
+					t.Errorf("%s: FifoQueue = %v", r.Props["QueueName"], r.Props["FifoQueue"])
+				}
+			}
+			if got := num(dig(q.Props, "RedrivePolicy", "maxReceiveCount")); got != float64(c.MaxReceiveCount) {
+				t.Errorf("maxReceiveCount = %v, want %d", got, c.MaxReceiveCount)
+			}
+			if got := refID(dig(q.Props, "RedrivePolicy", "deadLetterTargetArn")); got != dlq.ID {
+				t.Errorf("deadLetterTargetArn -> %s, want %s", got, dlq.ID)
+			}
+			vis := num(q.Props["VisibilityTimeout"])
+			if vis != float64(c.VisibilityTimeoutSeconds) {
+				t.Errorf("VisibilityTimeout = %v, want %d (topology)", vis, c.VisibilityTimeoutSeconds)
+			}
+			fn := fns["consumer:"+c.Name]
+			timeout := num(fn.Props["Timeout"])
+			if timeout != float64(c.FunctionTimeoutSeconds) {
+				t.Errorf("function Timeout = %v, want %d", timeout, c.FunctionTimeoutSeconds)
+			}
+			if vis < 6*timeout {
+				t.Errorf("VisibilityTimeout %v < 6 x function timeout %v", vis, timeout)
+			}
+		})
+	}
+}
+
+func TestSubscriptionsRawWithTopologyFilters(t *testing.T) {
+	tpl := awsStacks(t).stateless
+	subs := tpl.resources("AWS::SNS::Subscription")
+	for _, c := range topology.Default().Consumers {
+		t.Run(c.Name, func(t *testing.T) {
+			q := queueByName(t, tpl, c.QueueName())
+			var sub *resource
+			for i := range subs {
+				if refID(subs[i].Props["Endpoint"]) == q.ID {
+					sub = &subs[i]
+				}
+			}
+			if sub == nil {
+				t.Fatal("no subscription for the queue")
+			}
+			if sub.Props["Protocol"] != "sqs" || sub.Props["RawMessageDelivery"] != true {
+				t.Errorf("Protocol %v RawMessageDelivery %v, want sqs/true", sub.Props["Protocol"], sub.Props["RawMessageDelivery"])
+			}
+			if scope, ok := sub.Props["FilterPolicyScope"]; ok && scope != "MessageAttributes" {
+				t.Errorf("FilterPolicyScope = %v, want MessageAttributes (the filter is on attributes)", scope)
+			}
+			var want any
+			if fp := c.FilterPolicy(); fp != "" {
+				if err := json.Unmarshal([]byte(fp), &want); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := sub.Props["FilterPolicy"]; !reflect.DeepEqual(got, want) {
+				t.Errorf("FilterPolicy = %v, want %v (topology)", got, want)
+			}
+		})
+	}
+}
+
+func TestEventSourceMappings(t *testing.T) {
+	tpl := awsStacks(t).stateless
+	fns := functions(t, tpl)
+	esms := tpl.resources("AWS::Lambda::EventSourceMapping")
+	if len(esms) != len(topology.Default().Consumers) {
+		t.Fatalf("%d event source mappings, want one per consumer", len(esms))
+	}
+	for _, c := range topology.Default().Consumers {
+		t.Run(c.Name, func(t *testing.T) {
+			q := queueByName(t, tpl, c.QueueName())
+			for _, m := range esms {
+				if refID(m.Props["EventSourceArn"]) != q.ID {
+					continue
+				}
+				if refID(m.Props["FunctionName"]) != fns["consumer:"+c.Name].ID {
+					t.Errorf("mapping of %s invokes %v", c.QueueName(), m.Props["FunctionName"])
+				}
+				if bs := num(m.Props["BatchSize"]); bs < 1 || bs > 10 {
+					t.Errorf("BatchSize = %v, want 1-10 (FIFO)", m.Props["BatchSize"])
+				}
+				if _, ok := m.Props["MaximumBatchingWindowInSeconds"]; ok {
+					t.Errorf("FIFO mapping has a batching window")
+				}
+				if rt, _ := m.Props["FunctionResponseTypes"].([]any); len(rt) != 1 || rt[0] != "ReportBatchItemFailures" {
+					t.Errorf("FunctionResponseTypes = %v", m.Props["FunctionResponseTypes"])
+				}
+				if mc := num(dig(m.Props, "ScalingConfig", "MaximumConcurrency")); mc != float64(c.MaxConcurrency) {
+					t.Errorf("MaximumConcurrency = %v, want %d", mc, c.MaxConcurrency)
+				}
+				return
+			}
+			t.Fatal("no event source mapping for the queue")
+		})
+	}
+}
+
+func TestFunctions(t *testing.T) {
+	tpl := awsStacks(t).stateless
+	fns := functions(t, tpl)
+	roles := map[string]string{}
+	for name, f := range fns {
+		if f.Props["Runtime"] != "provided.al2023" || f.Props["Handler"] != "bootstrap" {
+			t.Errorf("%s: runtime %v handler %v", name, f.Props["Runtime"], f.Props["Handler"])
+		}
+		if a, _ := f.Props["Architectures"].([]any); len(a) != 1 || a[0] != "arm64" {
+			t.Errorf("%s: Architectures = %v", name, f.Props["Architectures"])
+		}
+		if f.Props["VpcConfig"] == nil {
+			t.Errorf("%s: not in the VPC", name)
+		}
+		env := dig(f.Props, "Environment", "Variables").(map[string]any)
+		for k, want := range map[string]string{"FIFOBOX_DB_PORT": "5432", "FIFOBOX_DB_NAME": "fifobox", "FIFOBOX_DB_USER": "fifobox",
+			"FIFOBOX_DB_IAM_AUTH": "true", "FIFOBOX_METRICS_NAMESPACE": "Fifobox"} {
+			if env[k] != want {
+				t.Errorf("%s: %s = %v, want %s", name, k, env[k], want)
+			}
+		}
+		if env["FIFOBOX_DB_HOST"] == nil || env["FIFOBOX_DATABASE_URL"] != nil {
+			t.Errorf("%s: want FIFOBOX_DB_HOST (the proxy) and no FIFOBOX_DATABASE_URL", name)
+		}
+		role := refID(f.Props["Role"])
+		if other, dup := roles[role]; dup {
+			t.Errorf("%s and %s share role %s", name, other, role)
+		}
+		roles[role] = name
+	}
+	d := fns["dispatcher"]
+	if num(d.Props["ReservedConcurrentExecutions"]) < 1 {
+		t.Errorf("dispatcher without reserved concurrency")
+	}
+	if to := num(d.Props["Timeout"]); to < 60 || to > 120 {
+		t.Errorf("dispatcher timeout %v", to)
+	}
+	if refID(dig(d.Props, "Environment", "Variables", "FIFOBOX_TOPIC_ARN")) == "" {
+		t.Errorf("FIFOBOX_TOPIC_ARN is not the topic: %v", dig(d.Props, "Environment", "Variables", "FIFOBOX_TOPIC_ARN"))
+	}
+	for _, c := range topology.Default().Consumers {
+		env := dig(fns["consumer:"+c.Name].Props, "Environment", "Variables").(map[string]any)
+		if refID(env["FIFOBOX_DLQ_URL"]) != queueByName(t, tpl, c.DLQName()).ID {
+			t.Errorf("%s: FIFOBOX_DLQ_URL = %v", c.Name, env["FIFOBOX_DLQ_URL"])
+		}
+	}
+	r := dig(fns["redrive"].Props, "Environment", "Variables").(map[string]any)
+	if r["FIFOBOX_DEFAULT_OPERATION"] != "migrate" {
+		t.Errorf("FIFOBOX_DEFAULT_OPERATION = %v", r["FIFOBOX_DEFAULT_OPERATION"])
+	}
+	// FIFOBOX_QUEUES is a Fn::Join of literal JSON and queue URL refs: join
+	// it with "<ref:ID>" placeholders and decode the result.
+	var queues map[string]struct {
+		QueueURL string `json:"queue_url"`
+		DLQURL   string `json:"dlq_url"`
+	}
+	if err := json.Unmarshal([]byte(joinTemplate(r["FIFOBOX_QUEUES"])), &queues); err != nil {
+		t.Fatalf("FIFOBOX_QUEUES %v: %v", r["FIFOBOX_QUEUES"], err)
+	}
+	if len(queues) != len(topology.Default().Consumers) {
+		t.Errorf("FIFOBOX_QUEUES has %d consumers", len(queues))
+	}
+	for _, c := range topology.Default().Consumers {
+		q := queues[c.Name]
+		if q.QueueURL != "<ref:"+queueByName(t, tpl, c.QueueName()).ID+">" || q.DLQURL != "<ref:"+queueByName(t, tpl, c.DLQName()).ID+">" {
+			t.Errorf("FIFOBOX_QUEUES[%s] = %+v", c.Name, q)
+		}
+	}
+}
+
+// joinTemplate renders {"Fn::Join": ["", [...]]} with refs as "<ref:ID>".
+func joinTemplate(v any) string {
+	parts, _ := dig(v, "Fn::Join").([]any)
+	if len(parts) != 2 {
+		s, _ := v.(string)
+		return s
+	}
+	var b strings.Builder
+	for _, p := range parts[1].([]any) {
+		if s, ok := p.(string); ok {
+			b.WriteString(s)
+		} else {
+			b.WriteString("<ref:" + refID(p) + ">")
+		}
+	}
+	return b.String()
+}
+
+// statements returns every policy statement of IAM policies, roles and
+// resource policies of a template, tagged with where it came from.
+func statements(tpl template) map[string][]map[string]any {
+	out := map[string][]map[string]any{}
+	add := func(where string, doc any) {
+		sts, _ := dig(doc, "Statement").([]any)
+		for _, s := range sts {
+			out[where] = append(out[where], s.(map[string]any))
+		}
+	}
+	for _, r := range tpl.resources("") {
+		switch r.Type {
+		case "AWS::IAM::Policy", "AWS::IAM::ManagedPolicy", "AWS::SQS::QueuePolicy", "AWS::SNS::TopicPolicy", "AWS::SecretsManager::ResourcePolicy":
+			for _, k := range []string{"PolicyDocument", "ResourcePolicy"} {
+				if d, ok := r.Props[k]; ok {
+					add(r.ID, d)
+				}
+			}
+		case "AWS::IAM::Role":
+			pols, _ := r.Props["Policies"].([]any)
+			for _, p := range pols {
+				add(r.ID, dig(p, "PolicyDocument"))
+			}
+		}
+	}
+	return out
+}
+
+func list(v any) []any {
+	if l, ok := v.([]any); ok {
+		return l
+	}
+	return []any{v}
+}
+
+func TestNoWildcardActionsOnDataResources(t *testing.T) {
+	s := awsStacks(t)
+	for name, tpl := range map[string]template{"stateful": s.stateful, "stateless": s.stateless, "local": localStack(t)} {
+		for where, sts := range statements(tpl) {
+			for _, st := range sts {
+				if st["Effect"] != "Allow" {
+					continue // e.g. the Deny of non-TLS access (enforceSSL)
+				}
+				anyResource := false
+				for _, r := range list(st["Resource"]) {
+					if r == "*" {
+						anyResource = true
+					}
+				}
+				for _, a := range list(st["Action"]) {
+					as, _ := a.(string)
+					if as == "*" || strings.HasSuffix(as, ":*") {
+						t.Errorf("%s %s: wildcard action %q", name, where, as)
+					}
+					for _, data := range []string{"sqs:", "sns:", "kms:", "rds-db:", "secretsmanager:", "rds:"} {
+						if anyResource && strings.HasPrefix(as, data) {
+							t.Errorf("%s %s: %s on Resource \"*\"", name, where, as)
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+func TestLeastPrivilegeGrants(t *testing.T) {
+	tpl := awsStacks(t).stateless
+	fns := functions(t, tpl)
+	sts := statements(tpl)
+	actionsOf := func(fn resource) map[string]bool {
+		role := refID(fn.Props["Role"])
+		out := map[string]bool{}
+		for _, p := range tpl.resources("AWS::IAM::Policy") {
+			attached := false
+			for _, r := range list(p.Props["Roles"]) {
+				if refID(r) == role {
+					attached = true
+				}
+			}
+			if !attached {
+				continue
+			}
+			for _, st := range sts[p.ID] {
+				for _, a := range list(st["Action"]) {
+					out[a.(string)] = true
+				}
+			}
+		}
+		return out
+	}
+	for name, fn := range fns {
+		acts := actionsOf(fn)
+		if !acts["rds-db:connect"] {
+			t.Errorf("%s: no rds-db:connect", name)
+		}
+		if acts["sns:Publish"] != (name == "dispatcher") {
+			t.Errorf("%s: sns:Publish = %v", name, acts["sns:Publish"])
+		}
+		if strings.HasPrefix(name, "consumer:") && (!acts["sqs:ReceiveMessage"] || !acts["sqs:DeleteMessage"] || !acts["sqs:SendMessage"]) {
+			t.Errorf("%s: consumer lacks receive/delete/send: %v", name, keys(acts))
+		}
+		if name == "dispatcher" && (acts["sqs:SendMessage"] || acts["sqs:ReceiveMessage"]) {
+			t.Errorf("dispatcher can use SQS: %v", keys(acts))
+		}
+	}
+	// rds-db:connect is scoped to the proxy's dbuser ARN for the configured user.
+	for where, ss := range sts {
+		for _, st := range ss {
+			if st["Action"] != "rds-db:connect" {
+				continue
+			}
+			b, _ := json.Marshal(st["Resource"])
+			if !strings.Contains(string(b), ":dbuser:") || !strings.Contains(string(b), "/fifobox") {
+				t.Errorf("%s: rds-db:connect on %s", where, b)
+			}
+		}
+	}
+}
+
+func TestDispatcherSchedule(t *testing.T) {
+	tpl := awsStacks(t).stateless
+	fns := functions(t, tpl)
+	scheds := tpl.resources("AWS::Scheduler::Schedule")
+	if len(scheds) != 1 {
+		t.Fatalf("%d schedules", len(scheds))
+	}
+	s := scheds[0].Props
+	if s["ScheduleExpression"] != "rate(1 minute)" {
+		t.Errorf("ScheduleExpression = %v", s["ScheduleExpression"])
+	}
+	if refID(dig(s, "Target", "Arn")) != fns["dispatcher"].ID {
+		t.Errorf("target %v is not the dispatcher", dig(s, "Target", "Arn"))
+	}
+	dlq := tpl.resource(refID(dig(s, "Target", "DeadLetterConfig", "Arn")))
+	if dlq.Type != "AWS::SQS::Queue" {
+		t.Fatalf("schedule has no SQS DLQ: %v", dig(s, "Target", "DeadLetterConfig"))
+	}
+	if dlq.Props["FifoQueue"] == true || dlq.Props["KmsMasterKeyId"] == nil {
+		t.Errorf("schedule DLQ must be a standard, encrypted queue: %v", dlq.Props)
+	}
+	if num(dig(s, "Target", "RetryPolicy", "MaximumRetryAttempts")) < 1 {
+		t.Errorf("RetryPolicy = %v", dig(s, "Target", "RetryPolicy"))
+	}
+	// Lambda's own async retries are off: the next tick is the retry.
+	var cfg *resource
+	for _, c := range tpl.resources("AWS::Lambda::EventInvokeConfig") {
+		if refID(c.Props["FunctionName"]) == fns["dispatcher"].ID {
+			cfg = &c
+		}
+	}
+	if cfg == nil || num(cfg.Props["MaximumRetryAttempts"]) != 0 {
+		t.Errorf("dispatcher async retries not disabled")
+	}
+}
+
+func TestMigrationTriggerInvokesRedrive(t *testing.T) {
+	tpl := awsStacks(t).stateless
+	fns := functions(t, tpl)
+	triggers := tpl.resources("Custom::Trigger")
+	if len(triggers) != 1 {
+		t.Fatalf("%d triggers", len(triggers))
+	}
+	// The trigger invokes the redrive function's current version.
+	handler := tpl.resource(refID(triggers[0].Props["HandlerArn"]))
+	if handler.Type != "AWS::Lambda::Version" || refID(handler.Props["FunctionName"]) != fns["redrive"].ID {
+		t.Errorf("trigger HandlerArn %v is not a version of the redrive function", triggers[0].Props["HandlerArn"])
+	}
+	if triggers[0].Props["InvocationType"] != "RequestResponse" {
+		t.Errorf("InvocationType = %v: the deploy must wait for the migration", triggers[0].Props["InvocationType"])
+	}
+}
+
+func TestDatabaseAndProxy(t *testing.T) {
+	tpl := awsStacks(t).stateful
+	proxies := tpl.resources("AWS::RDS::DBProxy")
+	if len(proxies) != 1 {
+		t.Fatalf("%d proxies", len(proxies))
+	}
+	p := proxies[0].Props
+	if p["RequireTLS"] != true {
+		t.Errorf("RequireTLS = %v", p["RequireTLS"])
+	}
+	auth, _ := p["Auth"].([]any)
+	if len(auth) == 0 {
+		t.Fatal("proxy without Auth")
+	}
+	for _, a := range auth {
+		if dig(a, "IAMAuth") != "REQUIRED" {
+			t.Errorf("IAMAuth = %v", dig(a, "IAMAuth"))
+		}
+	}
+	clusters := tpl.resources("AWS::RDS::DBCluster")
+	if len(clusters) != 1 {
+		t.Fatalf("%d clusters", len(clusters))
+	}
+	c := clusters[0].Props
+	if c["Engine"] != "aurora-postgresql" || c["StorageEncrypted"] != true || c["DeletionProtection"] != true {
+		t.Errorf("cluster engine %v encrypted %v deletion protection %v", c["Engine"], c["StorageEncrypted"], c["DeletionProtection"])
+	}
+	if dig(c, "ServerlessV2ScalingConfiguration", "MinCapacity") == nil {
+		t.Errorf("not Serverless v2: %v", c["ServerlessV2ScalingConfiguration"])
+	}
+	for _, i := range tpl.resources("AWS::RDS::DBInstance") {
+		if i.Props["DBInstanceClass"] != "db.serverless" || i.Props["PubliclyAccessible"] != false {
+			t.Errorf("instance %s: class %v public %v", i.ID, i.Props["DBInstanceClass"], i.Props["PubliclyAccessible"])
+		}
+	}
+	if len(tpl.resources("AWS::SecretsManager::RotationSchedule")) != 1 {
+		t.Errorf("generated secret is not rotated")
+	}
+}
+
+func TestNetwork(t *testing.T) {
+	tpl := awsStacks(t).stateful
+	for _, typ := range []string{"AWS::EC2::InternetGateway", "AWS::EC2::NatGateway"} {
+		if n := len(tpl.resources(typ)); n != 0 {
+			t.Errorf("%d %s: the VPC should have isolated subnets only", n, typ)
+		}
+	}
+	for _, s := range tpl.resources("AWS::EC2::Subnet") {
+		if s.Props["MapPublicIpOnLaunch"] == true {
+			t.Errorf("public subnet %s", s.ID)
+		}
+	}
+	if len(tpl.resources("AWS::EC2::FlowLog")) == 0 {
+		t.Errorf("no VPC flow log")
+	}
+	services := map[string]bool{}
+	for _, e := range tpl.resources("AWS::EC2::VPCEndpoint") {
+		b, _ := json.Marshal(e.Props["ServiceName"])
+		for _, svc := range []string{"sns", "sqs", "secretsmanager"} {
+			if strings.Contains(string(b), "."+svc+`"`) {
+				services[svc] = true
+			}
+		}
+	}
+	if len(services) != 3 {
+		t.Errorf("interface endpoints for %v, want sns, sqs, secretsmanager", keys(services))
+	}
+	// The functions' group may reach the proxy on 5432.
+	ok := false
+	for _, in := range tpl.resources("AWS::EC2::SecurityGroupIngress") {
+		if num(in.Props["FromPort"]) == 5432 && strings.Contains(refID(in.Props["SourceSecurityGroupId"]), "FunctionSecurityGroup") &&
+			strings.Contains(refID(in.Props["GroupId"]), "ProxySecurityGroup") {
+			ok = true
+		}
+	}
+	if !ok {
+		t.Errorf("no ingress from the function security group to the proxy on 5432")
+	}
+}
+
+func TestAlarms(t *testing.T) {
+	tpl := awsStacks(t).stateless
+	th := stacks.DefaultThresholds()
+	type want struct {
+		metric    string
+		threshold float64
+		missing   string
+	}
+	wants := map[string]want{
+		"Fifobox-" + stacks.AlarmOldestPendingAge:  {stacks.MetricOldestPendingAgeSeconds, th.OldestPendingAgeSeconds, "breaching"},
+		"Fifobox-" + stacks.AlarmOutboxBacklog:     {stacks.MetricOutboxBacklog, th.OutboxBacklog, "breaching"},
+		"Fifobox-" + stacks.AlarmDeadEvents:        {stacks.MetricDeadEvents, th.DeadEvents, "ignore"},
+		"Fifobox-" + stacks.AlarmParkedAggregates:  {stacks.MetricParkedAggregates, th.ParkedAggregates, "ignore"},
+		"Fifobox-" + stacks.AlarmDispatcherErrors:  {"Errors", th.DispatcherErrors, "notBreaching"},
+		"Fifobox-" + stacks.AlarmDispatcherThrottl: {"Throttles", th.DispatcherThrottles, "notBreaching"},
+		"Fifobox-" + stacks.AlarmScheduleDLQ:       {"ApproximateNumberOfMessagesVisible", th.ScheduleDLQVisibleMessages, "notBreaching"},
+	}
+	for _, c := range topology.Default().Consumers {
+		wants["Fifobox-"+stacks.AlarmConsumerLag+"-"+c.Name] = want{stacks.MetricConsumerLagSeconds, th.ConsumerLagSeconds, "notBreaching"}
+		wants["Fifobox-"+stacks.AlarmConsumerFailures+"-"+c.Name] = want{stacks.MetricFailures, th.ConsumerFailures, "notBreaching"}
+		wants["Fifobox-"+stacks.AlarmConsumerErrors+"-"+c.Name] = want{"Errors", th.ConsumerErrors, "notBreaching"}
+		wants["Fifobox-"+stacks.AlarmQueueAge+"-"+c.Name] = want{"ApproximateAgeOfOldestMessage", th.QueueOldestMessageAgeSeconds, "notBreaching"}
+		wants["Fifobox-"+stacks.AlarmDLQMessages+"-"+c.Name] = want{"ApproximateNumberOfMessagesVisible", th.DLQVisibleMessages, "notBreaching"}
+	}
+	var alarmTopic string
+	for _, tp := range tpl.resources("AWS::SNS::Topic") {
+		if tp.Props["FifoTopic"] == nil {
+			alarmTopic = tp.ID
+		}
+	}
+	got := map[string]resource{}
+	for _, a := range tpl.resources("AWS::CloudWatch::Alarm") {
+		got[a.Props["AlarmName"].(string)] = a
+	}
+	for name, w := range wants {
+		a, ok := got[name]
+		if !ok {
+			t.Errorf("alarm %s missing", name)
+			continue
+		}
+		if a.Props["MetricName"] != w.metric || num(a.Props["Threshold"]) != w.threshold ||
+			a.Props["ComparisonOperator"] != "GreaterThanThreshold" || a.Props["TreatMissingData"] != w.missing {
+			t.Errorf("alarm %s: metric %v threshold %v %v missing %v; want %s > %v missing %s", name,
+				a.Props["MetricName"], a.Props["Threshold"], a.Props["ComparisonOperator"], a.Props["TreatMissingData"], w.metric, w.threshold, w.missing)
+		}
+		if acts := list(a.Props["AlarmActions"]); len(acts) != 1 || refID(acts[0]) != alarmTopic {
+			t.Errorf("alarm %s: AlarmActions %v, want the alarm topic %s", name, a.Props["AlarmActions"], alarmTopic)
+		}
+	}
+	for name := range got {
+		if _, ok := wants[name]; !ok {
+			t.Errorf("unexpected alarm %s", name)
+		}
+	}
+	// EMF metrics carry the dimensions pkg/metrics emits.
+	for _, name := range []string{"Fifobox-" + stacks.AlarmOutboxBacklog, "Fifobox-" + stacks.AlarmConsumerLag + "-audit"} {
+		a := got[name]
+		if a.Props["Namespace"] != "Fifobox" || len(list(a.Props["Dimensions"])) != 1 {
+			t.Errorf("alarm %s: namespace %v dimensions %v", name, a.Props["Namespace"], a.Props["Dimensions"])
+		}
+	}
+}
+
+func TestDashboardShowsTheSignals(t *testing.T) {
+	tpl := awsStacks(t).stateless
+	ds := tpl.resources("AWS::CloudWatch::Dashboard")
+	if len(ds) != 1 {
+		t.Fatalf("%d dashboards", len(ds))
+	}
+	body := joinTemplate(ds[0].Props["DashboardBody"])
+	var parsed struct {
+		Widgets []struct {
+			Type       string         `json:"type"`
+			Properties map[string]any `json:"properties"`
+		} `json:"widgets"`
+	}
+	if err := json.Unmarshal([]byte(body), &parsed); err != nil {
+		t.Fatalf("dashboard body: %v", err)
+	}
+	if len(parsed.Widgets) == 0 || parsed.Widgets[0].Type != "alarm" {
+		t.Fatalf("first widget is not the alarm status")
+	}
+	if n, want := len(list(parsed.Widgets[0].Properties["alarms"])), len(tpl.resources("AWS::CloudWatch::Alarm")); n != want {
+		t.Errorf("alarm widget shows %d alarms, want all %d", n, want)
+	}
+	for _, m := range []string{"OutboxBacklog", "OldestPendingAgeSeconds", "DeadEvents", "ParkedAggregates", "ConsumerLagSeconds",
+		"Failures", "ApproximateAgeOfOldestMessage", "ApproximateNumberOfMessagesVisible", "Throttles"} {
+		if !strings.Contains(body, `"`+m+`"`) {
+			t.Errorf("dashboard lacks %s", m)
+		}
+	}
+}
+
+func TestCdkNagAwsSolutions(t *testing.T) {
+	s := awsStacks(t)
+	for _, e := range s.nagErrors {
+		t.Errorf("cdk-nag error: %s", e)
+	}
+	for _, w := range s.nagWarnings {
+		t.Errorf("cdk-nag warning: %s", w)
+	}
+	// Every suppression carries a written reason.
+	n := 0
+	for name, tpl := range map[string]template{"stateful": s.stateful, "stateless": s.stateless} {
+		for _, r := range tpl.resources("") {
+			sup, _ := dig(r.Meta, "cdk_nag", "rules_to_suppress").([]any)
+			for _, x := range sup {
+				n++
+				id, _ := dig(x, "id").(string)
+				reason, _ := dig(x, "reason").(string)
+				if len(reason) < 40 {
+					t.Errorf("%s %s: suppression %s without a real reason: %q", name, r.ID, id, reason)
+				}
+				if testing.Verbose() {
+					t.Logf("suppressed %s on %s %s: %s", id, name, r.ID, reason)
+				}
+			}
+		}
+	}
+	if n == 0 {
+		t.Errorf("no suppressions found in template metadata: is cdk-nag applied?")
+	}
+}
+
+func TestLocalVariant(t *testing.T) {
+	tpl := localStack(t)
+	for _, r := range tpl.resources("") {
+		if strings.HasPrefix(r.Type, "AWS::EC2::") || strings.HasPrefix(r.Type, "AWS::RDS::") || strings.HasPrefix(r.Type, "AWS::SecretsManager::") {
+			t.Errorf("local variant has %s %s", r.Type, r.ID)
+		}
+	}
+	fns := functions(t, tpl)
+	for name, f := range fns {
+		env := dig(f.Props, "Environment", "Variables").(map[string]any)
+		if env["FIFOBOX_DATABASE_URL"] != stacks.DefaultConfig().DatabaseURL || env["FIFOBOX_DB_HOST"] != nil {
+			t.Errorf("%s: FIFOBOX_DATABASE_URL %v FIFOBOX_DB_HOST %v", name, env["FIFOBOX_DATABASE_URL"], env["FIFOBOX_DB_HOST"])
+		}
+		if f.Props["VpcConfig"] != nil {
+			t.Errorf("%s: in a VPC", name)
+		}
+	}
+	for _, c := range topology.Default().Consumers {
+		queueByName(t, tpl, c.QueueName())
+		queueByName(t, tpl, c.DLQName())
+	}
+	if len(tpl.resources("AWS::Lambda::EventSourceMapping")) != len(topology.Default().Consumers) ||
+		len(tpl.resources("AWS::Scheduler::Schedule")) != 1 || len(tpl.resources("Custom::Trigger")) != 1 {
+		t.Errorf("local variant lacks mappings, schedule or migration trigger")
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	cfg := testConfig()
+	cfg.AssetDir = t.TempDir()
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "make build") {
+		t.Errorf("missing bootstrap: err = %v", err)
+	}
+	cfg = testConfig()
+	cfg.Topology.Consumers[0].VisibilityTimeoutSeconds = 5 * cfg.Topology.Consumers[0].FunctionTimeoutSeconds
+	if err := cfg.Validate(); err == nil {
+		t.Errorf("visibility timeout below 6x the function timeout accepted")
+	}
+}
+
+// An existing RDS Proxy (context dbProxy*) replaces Aurora and the proxy;
+// this path needs no lookups, so it synthesises offline too.
+func TestExistingProxy(t *testing.T) {
+	app := newApp(t)
+	cfg := testConfig()
+	cfg.ExistingProxy = &stacks.ProxyAttributes{
+		Arn:             "arn:aws:rds:eu-west-1:123456789012:db-proxy:prx-0123456789abcdef0",
+		Name:            "shared-proxy",
+		Endpoint:        "shared-proxy.proxy-abc.eu-west-1.rds.amazonaws.com",
+		SecurityGroupID: "sg-0123456789abcdef0",
+	}
+	s, err := stacks.Build(app, cfg, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stateful, stateless := toTemplate(s.Stateful.Stack), toTemplate(s.Stateless.Stack)
+	for _, typ := range []string{"AWS::RDS::DBCluster", "AWS::RDS::DBProxy", "AWS::SecretsManager::Secret"} {
+		if n := len(stateful.resources(typ)); n != 0 {
+			t.Errorf("%d %s with an existing proxy", n, typ)
+		}
+	}
+	ok := false
+	for _, in := range stateful.resources("AWS::EC2::SecurityGroupIngress") {
+		if in.Props["GroupId"] == "sg-0123456789abcdef0" && num(in.Props["FromPort"]) == 5432 {
+			ok = true
+		}
+	}
+	if !ok {
+		t.Errorf("no ingress rule on the existing proxy's security group")
+	}
+	for name, f := range functions(t, stateless) {
+		if h := dig(f.Props, "Environment", "Variables", "FIFOBOX_DB_HOST"); h != cfg.ExistingProxy.Endpoint {
+			t.Errorf("%s: FIFOBOX_DB_HOST = %v", name, h)
+		}
+	}
+	b, _ := json.Marshal(statements(stateless))
+	if !strings.Contains(string(b), "dbuser:") || !strings.Contains(string(b), "prx-0123456789abcdef0") {
+		t.Errorf("rds-db:connect is not scoped to the existing proxy")
+	}
+}

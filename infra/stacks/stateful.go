@@ -1,0 +1,176 @@
+package stacks
+
+import (
+	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsec2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsrds"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awssecretsmanager"
+	"github.com/aws/constructs-go/constructs/v10"
+	"github.com/aws/jsii-runtime-go"
+)
+
+// StatefulStack is the network and the database: things that hold state or
+// take long to replace, deployed separately from the pipeline so that a
+// pipeline change never touches them.
+type StatefulStack struct {
+	awscdk.Stack
+	// Vpc and Subnets host the functions, the proxy and the database.
+	Vpc     awsec2.IVpc
+	Subnets *awsec2.SubnetSelection
+	// FunctionSG is the security group of every function: it may reach the
+	// proxy on 5432 and the interface endpoints on 443, nothing else.
+	FunctionSG awsec2.ISecurityGroup
+	// Proxy is the RDS Proxy the functions connect to (IAM auth, TLS).
+	Proxy awsrds.IDatabaseProxy
+	// Cluster is nil when an existing proxy is used.
+	Cluster awsrds.DatabaseCluster
+}
+
+// NewStatefulStack creates (or imports) the VPC, and creates Aurora
+// Serverless v2 PostgreSQL behind RDS Proxy unless cfg.ExistingProxy is set.
+func NewStatefulStack(scope constructs.Construct, id string, props *awscdk.StackProps, cfg Config) *StatefulStack {
+	stack := awscdk.NewStack(scope, jsii.String(id), props)
+	s := &StatefulStack{Stack: stack}
+
+	s.Subnets = &awsec2.SubnetSelection{SubnetType: awsec2.SubnetType_PRIVATE_ISOLATED}
+	if cfg.SubnetGroupName != "" {
+		s.Subnets = &awsec2.SubnetSelection{SubnetGroupName: jsii.String(cfg.SubnetGroupName)}
+	}
+
+	if cfg.VpcID != "" {
+		// Context lookup: needs CDK_DEFAULT_ACCOUNT/REGION (an AWS login) at synth
+		// time; the result is cached in cdk.context.json.
+		s.Vpc = awsec2.Vpc_FromLookup(stack, jsii.String("Vpc"), &awsec2.VpcLookupOptions{VpcId: jsii.String(cfg.VpcID)})
+	} else {
+		flowLogs := awslogs.NewLogGroup(stack, jsii.String("VpcFlowLogs"), &awslogs.LogGroupProps{
+			Retention:     awslogs.RetentionDays_ONE_MONTH,
+			RemovalPolicy: awscdk.RemovalPolicy_DESTROY,
+		})
+		// Isolated subnets only: nothing here needs the internet. AWS APIs are
+		// reached through interface endpoints; there is no NAT gateway to pay for.
+		s.Vpc = awsec2.NewVpc(stack, jsii.String("Vpc"), &awsec2.VpcProps{
+			MaxAzs:      jsii.Number(2),
+			NatGateways: jsii.Number(0),
+			SubnetConfiguration: &[]*awsec2.SubnetConfiguration{{
+				Name: jsii.String("isolated"), SubnetType: awsec2.SubnetType_PRIVATE_ISOLATED, CidrMask: jsii.Number(24),
+			}},
+			FlowLogs: &map[string]*awsec2.FlowLogOptions{
+				"all": {
+					TrafficType: awsec2.FlowLogTrafficType_ALL,
+					Destination: awsec2.FlowLogDestination_ToCloudWatchLogs(flowLogs, nil),
+				},
+			},
+		})
+	}
+
+	// Endpoints the code in the VPC calls: SNS (dispatcher Publish), SQS
+	// (consumer DLQ sends, redrive), Secrets Manager (the rotation function).
+	// Not needed: CloudWatch Logs (Lambda ships logs itself, EMF included),
+	// STS (the execution role's credentials come with the invocation), RDS
+	// (IAM auth tokens are signed locally), KMS (SNS/SQS call it server side).
+	fnSG := awsec2.NewSecurityGroup(stack, jsii.String("FunctionSecurityGroup"), &awsec2.SecurityGroupProps{
+		Vpc:              s.Vpc,
+		Description:      jsii.String("fifobox functions: to RDS Proxy on 5432 and the VPC endpoints on 443 only"),
+		AllowAllOutbound: jsii.Bool(false),
+	})
+	s.FunctionSG = fnSG
+
+	var smEndpoint awsec2.IInterfaceVpcEndpoint
+	if cfg.CreateEndpoints {
+		for _, e := range []struct {
+			id  string
+			svc awsec2.InterfaceVpcEndpointAwsService
+		}{
+			{"SnsEndpoint", awsec2.InterfaceVpcEndpointAwsService_SNS()},
+			{"SqsEndpoint", awsec2.InterfaceVpcEndpointAwsService_SQS()},
+			{"SecretsManagerEndpoint", awsec2.InterfaceVpcEndpointAwsService_SECRETS_MANAGER()},
+		} {
+			// Open=false: only the functions (and, for Secrets Manager, the
+			// rotation function, which CDK allows itself) may use the endpoint,
+			// not everything in the VPC's CIDR.
+			ep := awsec2.NewInterfaceVpcEndpoint(stack, jsii.String(e.id), &awsec2.InterfaceVpcEndpointProps{
+				Vpc: s.Vpc, Service: e.svc, Subnets: s.Subnets, PrivateDnsEnabled: jsii.Bool(true), Open: jsii.Bool(false),
+			})
+			ep.Connections().AllowDefaultPortFrom(fnSG, jsii.String("fifobox functions to "+e.id))
+			if e.id == "SecretsManagerEndpoint" {
+				smEndpoint = ep
+			}
+		}
+	} else {
+		// The VPC's own endpoints: allow HTTPS to the VPC's range.
+		fnSG.AddEgressRule(awsec2.Peer_Ipv4(s.Vpc.VpcCidrBlock()), awsec2.Port_Tcp(jsii.Number(443)),
+			jsii.String("HTTPS to the VPC interface endpoints"), nil)
+	}
+
+	var proxySG awsec2.ISecurityGroup
+	if cfg.ExistingProxy != nil {
+		p := cfg.ExistingProxy
+		proxySG = awsec2.SecurityGroup_FromSecurityGroupId(stack, jsii.String("ProxySecurityGroup"), jsii.String(p.SecurityGroupID),
+			&awsec2.SecurityGroupImportOptions{Mutable: jsii.Bool(true)})
+		s.Proxy = awsrds.DatabaseProxy_FromDatabaseProxyAttributes(stack, jsii.String("Proxy"), &awsrds.DatabaseProxyAttributes{
+			DbProxyArn: jsii.String(p.Arn), DbProxyName: jsii.String(p.Name), Endpoint: jsii.String(p.Endpoint),
+			SecurityGroups: &[]awsec2.ISecurityGroup{proxySG},
+		})
+	} else {
+		s.Cluster, s.Proxy, proxySG = newDatabase(stack, s, cfg, smEndpoint)
+	}
+	// RDS Proxy has no default port in CDK (AllowDefaultPortFrom panics): name it.
+	// Adds ingress on the proxy's group and egress on the functions' group.
+	proxySG.Connections().AllowFrom(fnSG, awsec2.Port_Tcp(jsii.Number(DBPort)), jsii.String("fifobox functions to RDS Proxy"))
+
+	awscdk.NewCfnOutput(stack, jsii.String("ProxyEndpoint"), &awscdk.CfnOutputProps{Value: s.Proxy.Endpoint()})
+	return s
+}
+
+func newDatabase(stack awscdk.Stack, s *StatefulStack, cfg Config, smEndpoint awsec2.IInterfaceVpcEndpoint) (awsrds.DatabaseCluster, awsrds.IDatabaseProxy, awsec2.ISecurityGroup) {
+	cluster := awsrds.NewDatabaseCluster(stack, jsii.String("Database"), &awsrds.DatabaseClusterProps{
+		Engine: awsrds.DatabaseClusterEngine_AuroraPostgres(&awsrds.AuroraPostgresClusterEngineProps{
+			Version: awsrds.AuroraPostgresEngineVersion_VER_17_5(),
+		}),
+		// The generated secret is what RDS Proxy uses to reach the database;
+		// clients authenticate to the proxy with IAM tokens as the same user.
+		Credentials:             awsrds.Credentials_FromGeneratedSecret(jsii.String(cfg.DatabaseUser), nil),
+		DefaultDatabaseName:     jsii.String(cfg.DatabaseName),
+		Writer:                  awsrds.ClusterInstance_ServerlessV2(jsii.String("writer"), &awsrds.ServerlessV2ClusterInstanceProps{PubliclyAccessible: jsii.Bool(false)}),
+		ServerlessV2MinCapacity: jsii.Number(cfg.MinCapacity),
+		ServerlessV2MaxCapacity: jsii.Number(cfg.MaxCapacity),
+		Vpc:                     s.Vpc,
+		VpcSubnets:              s.Subnets,
+		StorageEncrypted:        jsii.Bool(true),
+		DeletionProtection:      jsii.Bool(true),
+		IamAuthentication:       jsii.Bool(true),
+		Backup:                  &awsrds.BackupProps{Retention: awscdk.Duration_Days(jsii.Number(7))},
+		CloudwatchLogsExports:   jsii.Strings("postgresql"),
+		CloudwatchLogsRetention: awslogs.RetentionDays_ONE_MONTH,
+		RemovalPolicy:           awscdk.RemovalPolicy_SNAPSHOT,
+	})
+	cluster.AddRotationSingleUser(&awsrds.RotationSingleUserOptions{
+		AutomaticallyAfter: awscdk.Duration_Days(jsii.Number(cfg.SecretRotationDays)),
+		Endpoint:           smEndpoint,
+		VpcSubnets:         s.Subnets,
+	})
+
+	proxySG := awsec2.NewSecurityGroup(stack, jsii.String("ProxySecurityGroup"), &awsec2.SecurityGroupProps{
+		Vpc:         s.Vpc,
+		Description: jsii.String("RDS Proxy in front of the fifobox database"),
+	})
+	proxy := awsrds.NewDatabaseProxy(stack, jsii.String("Proxy"), &awsrds.DatabaseProxyProps{
+		ProxyTarget:    awsrds.ProxyTarget_FromCluster(cluster),
+		Secrets:        &[]awssecretsmanager.ISecret{cluster.Secret()},
+		Vpc:            s.Vpc,
+		VpcSubnets:     s.Subnets,
+		SecurityGroups: &[]awsec2.ISecurityGroup{proxySG},
+		IamAuth:        jsii.Bool(true),
+		RequireTLS:     jsii.Bool(true),
+		// Functions hold few connections each (pkg/db MaxConns 4); the rest of
+		// the database's connections stay free for the service writing events.
+		MaxConnectionsPercent: jsii.Number(50),
+		DebugLogging:          jsii.Bool(false),
+	})
+	cluster.Connections().AllowDefaultPortFrom(proxySG, jsii.String("RDS Proxy to Aurora"))
+
+	// CloudwatchLogsRetention is applied by CDK's LogRetention singleton function.
+	suppressLogRetention(stack)
+	return cluster, proxy, proxySG
+}

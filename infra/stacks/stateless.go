@@ -1,0 +1,396 @@
+package stacks
+
+import (
+	"path/filepath"
+	"strconv"
+
+	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awscloudwatch"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsec2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awskms"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awslambdaeventsources"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsrds"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsscheduler"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsschedulertargets"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awssns"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awssnssubscriptions"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awssqs"
+	"github.com/aws/aws-cdk-go/awscdk/v2/triggers"
+	"github.com/aws/constructs-go/constructs/v10"
+	"github.com/aws/jsii-runtime-go"
+	"github.com/cdklabs/cdk-nag-go/cdknag/v2"
+
+	"github.com/fifobox/fifobox/pkg/topology"
+)
+
+// Network is where the functions run and how they reach the database. The
+// local variant has none: its functions get FIFOBOX_DATABASE_URL instead.
+type Network struct {
+	Vpc           awsec2.IVpc
+	Subnets       *awsec2.SubnetSelection
+	SecurityGroup awsec2.ISecurityGroup
+	Proxy         awsrds.IDatabaseProxy
+}
+
+// ConsumerResources are one topology consumer's queue, DLQ and function.
+type ConsumerResources struct {
+	Consumer topology.Consumer
+	Queue    awssqs.Queue
+	DLQ      awssqs.Queue
+	Function awslambda.Function
+}
+
+// Pipeline is the messaging layer and its functions, alarms and dashboard.
+type Pipeline struct {
+	TopicKey    awskms.Key
+	QueueKey    awskms.Key
+	Topic       awssns.Topic
+	Consumers   []*ConsumerResources
+	Dispatcher  awslambda.Function
+	Redrive     awslambda.Function
+	ScheduleDLQ awssqs.Queue
+	Schedule    awsscheduler.Schedule
+	Migrate     triggers.Trigger
+	AlarmTopic  awssns.Topic
+	Alarms      []awscloudwatch.Alarm
+	Dashboard   awscloudwatch.Dashboard
+}
+
+// StatelessStack is the pipeline in AWS: functions in the VPC of the
+// StatefulStack, reaching the database through RDS Proxy with IAM auth.
+type StatelessStack struct {
+	awscdk.Stack
+	*Pipeline
+}
+
+// NewStatelessStack builds the pipeline on the given network.
+func NewStatelessStack(scope constructs.Construct, id string, props *awscdk.StackProps, cfg Config, net *Network) *StatelessStack {
+	stack := awscdk.NewStack(scope, jsii.String(id), props)
+	return &StatelessStack{Stack: stack, Pipeline: newPipeline(stack, cfg, net)}
+}
+
+// newPipeline creates topic, queues, functions, schedule, migration trigger,
+// alarms and dashboard in stack. net == nil is the local variant.
+func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
+	p := &Pipeline{}
+	top := cfg.Topology
+
+	// One customer-managed key for the topic, every queue and the alarm topic:
+	// SNS and SQS need a CMK (not aws/sns, aws/sqs) to deliver to each other and
+	// for CloudWatch alarms to publish.
+	// Two keys, because the queue key's policy names the topic (SNS may use it
+	// only on behalf of this topic) and the topic is encrypted: one key for
+	// both would be a circular dependency.
+	p.TopicKey = awskms.NewKey(stack, jsii.String("TopicKey"), &awskms.KeyProps{
+		Description:       jsii.String("fifobox: SNS topics (events, alarms)"),
+		EnableKeyRotation: jsii.Bool(true),
+		Alias:             jsii.String("alias/" + cfg.Prefix + "-topics"),
+	})
+	p.QueueKey = awskms.NewKey(stack, jsii.String("QueueKey"), &awskms.KeyProps{
+		Description:       jsii.String("fifobox: SQS queues and dead-letter queues"),
+		EnableKeyRotation: jsii.Bool(true),
+		Alias:             jsii.String("alias/" + cfg.Prefix + "-queues"),
+	})
+
+	scope := awssns.FifoThroughputScope_TOPIC
+	if top.Topic.ThroughputScope == "MessageGroup" {
+		scope = awssns.FifoThroughputScope_MESSAGE_GROUP
+	}
+	p.Topic = awssns.NewTopic(stack, jsii.String("Topic"), &awssns.TopicProps{
+		TopicName: jsii.String(top.Topic.Name),
+		Fifo:      jsii.Bool(true),
+		// The dispatcher sets MessageDeduplicationId = event id: dedup by content
+		// would drop two distinct events with equal bodies.
+		ContentBasedDeduplication: jsii.Bool(false),
+		FifoThroughputScope:       scope,
+		MasterKey:                 p.TopicKey,
+		EnforceSSL:                jsii.Bool(true),
+	})
+
+	dbEnv, grantDB := databaseAccess(cfg, net)
+	common := func(extra map[string]*string) *map[string]*string {
+		env := map[string]*string{"FIFOBOX_METRICS_NAMESPACE": jsii.String(MetricsNamespace)}
+		for k, v := range dbEnv {
+			env[k] = v
+		}
+		for k, v := range extra {
+			env[k] = v
+		}
+		return &env
+	}
+	keyUse := func(role awsiam.Role, key awskms.Key) {
+		// Explicit actions: the grant helpers add kms:ReEncrypt* / GenerateDataKey*.
+		role.AddToPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Actions:   jsii.Strings("kms:GenerateDataKey", "kms:Decrypt"),
+			Resources: jsii.Strings(*key.KeyArn()),
+		}))
+	}
+
+	// Consumers: FIFO queue + FIFO DLQ + subscription + function.
+	highThroughput := top.Topic.ThroughputScope == "MessageGroup"
+	for _, c := range top.Consumers {
+		cr := &ConsumerResources{Consumer: c}
+		cr.DLQ = awssqs.NewQueue(stack, jsii.String("DLQ-"+c.Name), &awssqs.QueueProps{
+			QueueName:           jsii.String(c.DLQName()),
+			Fifo:                jsii.Bool(true),
+			Encryption:          awssqs.QueueEncryption_KMS,
+			EncryptionMasterKey: p.QueueKey,
+			EnforceSSL:          jsii.Bool(true),
+			RetentionPeriod:     awscdk.Duration_Days(jsii.Number(14)),
+		})
+		qp := &awssqs.QueueProps{
+			QueueName:                 jsii.String(c.QueueName()),
+			Fifo:                      jsii.Bool(true),
+			ContentBasedDeduplication: jsii.Bool(false),
+			VisibilityTimeout:         awscdk.Duration_Seconds(jsii.Number(float64(c.VisibilityTimeoutSeconds))),
+			DeadLetterQueue:           &awssqs.DeadLetterQueue{Queue: cr.DLQ, MaxReceiveCount: jsii.Number(float64(c.MaxReceiveCount))},
+			Encryption:                awssqs.QueueEncryption_KMS,
+			EncryptionMasterKey:       p.QueueKey,
+			EnforceSSL:                jsii.Bool(true),
+			RetentionPeriod:           awscdk.Duration_Days(jsii.Number(4)),
+		}
+		if highThroughput {
+			qp.DeduplicationScope = awssqs.DeduplicationScope_MESSAGE_GROUP
+			qp.FifoThroughputLimit = awssqs.FifoThroughputLimit_PER_MESSAGE_GROUP_ID
+		}
+		cr.Queue = awssqs.NewQueue(stack, jsii.String("Queue-"+c.Name), qp)
+
+		// Filter on message attributes (the default scope), exactly the policy
+		// topology.Consumer.FilterPolicy() describes.
+		var filter *map[string]awssns.SubscriptionFilter
+		if len(c.Filter) > 0 {
+			m := map[string]awssns.SubscriptionFilter{}
+			for attr, values := range c.Filter {
+				m[attr] = awssns.SubscriptionFilter_StringFilter(&awssns.StringConditions{Allowlist: jsii.Strings(values...)})
+			}
+			filter = &m
+		}
+		p.Topic.AddSubscription(awssnssubscriptions.NewSqsSubscription(cr.Queue, &awssnssubscriptions.SqsSubscriptionProps{
+			RawMessageDelivery: jsii.Bool(true),
+			FilterPolicy:       filter,
+		}))
+
+		fn, role := newFunction(stack, cfg, net, "Consumer-"+c.Name, FnConsumer, functionOptions{
+			description: "fifobox consumer " + c.Name,
+			timeout:     float64(c.FunctionTimeoutSeconds),
+			memoryMB:    cfg.ConsumerMemoryMB,
+			env: common(map[string]*string{
+				"FIFOBOX_CONSUMER_NAME": jsii.String(c.Name),
+				"FIFOBOX_DLQ_URL":       cr.DLQ.QueueUrl(),
+			}),
+		})
+		grantDB(role)
+		keyUse(role, p.QueueKey)
+		// Poison and permanently failing records go to the DLQ directly.
+		role.AddToPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Actions: jsii.Strings("sqs:SendMessage"), Resources: jsii.Strings(*cr.DLQ.QueueArn()),
+		}))
+		// FIFO: batch size at most 10 and no batching window. The function
+		// returns the failed record and every later one (ReportBatchItemFailures).
+		// The mapping grants receive/delete/change-visibility on the queue.
+		fn.AddEventSource(awslambdaeventsources.NewSqsEventSource(cr.Queue, &awslambdaeventsources.SqsEventSourceProps{
+			BatchSize:               jsii.Number(10),
+			ReportBatchItemFailures: jsii.Bool(true),
+			MaxConcurrency:          jsii.Number(float64(c.MaxConcurrency)),
+		}))
+		cr.Function = fn
+		p.Consumers = append(p.Consumers, cr)
+	}
+
+	// Dispatcher: polls the outbox inside each invocation until shortly before
+	// its deadline, so a once-a-minute schedule still publishes continuously.
+	dispatcher, drole := newFunction(stack, cfg, net, "Dispatcher", FnDispatcher, functionOptions{
+		description: "fifobox dispatcher: outbox -> SNS FIFO",
+		timeout:     cfg.DispatcherTimeoutSeconds,
+		memoryMB:    cfg.DispatcherMemoryMB,
+		reserved:    cfg.DispatcherReservedConcurrency,
+		// The schedule invokes asynchronously; the next tick is the retry, so
+		// Lambda's own async retries would only stack invocations up.
+		asyncRetries: true,
+		env:          common(map[string]*string{"FIFOBOX_TOPIC_ARN": p.Topic.TopicArn()}),
+	})
+	grantDB(drole)
+	keyUse(drole, p.TopicKey)
+	drole.AddToPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Actions: jsii.Strings("sns:Publish"), Resources: jsii.Strings(*p.Topic.TopicArn()),
+	}))
+	p.Dispatcher = dispatcher
+
+	// Redrive / operations function; its default operation is migrate, which
+	// the deploy trigger below relies on (a Trigger cannot choose a payload).
+	queues := map[string]any{}
+	for _, cr := range p.Consumers {
+		queues[cr.Consumer.Name] = map[string]any{"queue_url": cr.Queue.QueueUrl(), "dlq_url": cr.DLQ.QueueUrl()}
+	}
+	redrive, rrole := newFunction(stack, cfg, net, "Redrive", FnRedrive, functionOptions{
+		description: "fifobox operations: migrate, status, dead-list, requeue-dead, replay, dlq-redrive, prune",
+		timeout:     cfg.RedriveTimeoutSeconds,
+		memoryMB:    256,
+		env: common(map[string]*string{
+			"FIFOBOX_QUEUES":            stack.ToJsonString(queues, nil),
+			"FIFOBOX_DEFAULT_OPERATION": jsii.String("migrate"),
+		}),
+	})
+	grantDB(rrole)
+	keyUse(rrole, p.QueueKey)
+	var queueArns, dlqArns []*string
+	for _, cr := range p.Consumers {
+		queueArns = append(queueArns, cr.Queue.QueueArn())
+		dlqArns = append(dlqArns, cr.DLQ.QueueArn())
+	}
+	rrole.AddToPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Sid:       jsii.String("ReplayAndRedriveIntoQueues"),
+		Actions:   jsii.Strings("sqs:SendMessage", "sqs:GetQueueAttributes"),
+		Resources: &queueArns,
+	}))
+	rrole.AddToPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Sid:       jsii.String("DrainDeadLetterQueues"),
+		Actions:   jsii.Strings("sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueAttributes"),
+		Resources: &dlqArns,
+	}))
+	p.Redrive = redrive
+
+	// Apply migrations on every deploy that changes the redrive function, and
+	// before the schedule and the consumers start.
+	before := []constructs.Construct{}
+	for _, cr := range p.Consumers {
+		before = append(before, cr.Function)
+	}
+	p.Migrate = triggers.NewTrigger(stack, jsii.String("Migrate"), &triggers.TriggerProps{
+		Handler:                redrive,
+		InvocationType:         triggers.InvocationType_REQUEST_RESPONSE,
+		Timeout:                awscdk.Duration_Seconds(jsii.Number(cfg.RedriveTimeoutSeconds)),
+		ExecuteOnHandlerChange: jsii.Bool(true),
+		ExecuteBefore:          &before,
+	})
+
+	// EventBridge Scheduler: once a minute (its finest rate). Its DLQ must be a
+	// standard queue; undeliverable invocations land there and alarm.
+	p.ScheduleDLQ = awssqs.NewQueue(stack, jsii.String("ScheduleDLQ"), &awssqs.QueueProps{
+		Encryption:          awssqs.QueueEncryption_KMS,
+		EncryptionMasterKey: p.QueueKey,
+		EnforceSSL:          jsii.Bool(true),
+		RetentionPeriod:     awscdk.Duration_Days(jsii.Number(14)),
+	})
+	schedRole := awsiam.NewRole(stack, jsii.String("ScheduleRole"), &awsiam.RoleProps{
+		AssumedBy: awsiam.NewServicePrincipal(jsii.String("scheduler.amazonaws.com"), &awsiam.ServicePrincipalOpts{
+			Conditions: &map[string]any{"StringEquals": map[string]any{"aws:SourceAccount": stack.Account()}},
+		}),
+		Description: jsii.String("EventBridge Scheduler: invoke the fifobox dispatcher, dead-letter to its DLQ"),
+	})
+	keyUse(schedRole, p.QueueKey)
+	p.Schedule = awsscheduler.NewSchedule(stack, jsii.String("DispatcherSchedule"), &awsscheduler.ScheduleProps{
+		Description: jsii.String("Runs the fifobox dispatcher every minute"),
+		Schedule:    awsscheduler.ScheduleExpression_Rate(awscdk.Duration_Minutes(jsii.Number(1))),
+		Target: awsschedulertargets.NewLambdaInvoke(dispatcher, &awsschedulertargets.ScheduleTargetBaseProps{
+			Role:            schedRole,
+			DeadLetterQueue: p.ScheduleDLQ,
+			RetryAttempts:   jsii.Number(2),
+			MaxEventAge:     awscdk.Duration_Minutes(jsii.Number(2)),
+		}),
+	})
+	p.Schedule.Node().AddDependency(p.Migrate)
+
+	cdknag.NagSuppressions_AddResourceSuppressions(p.ScheduleDLQ, &[]*cdknag.NagPackSuppression{{
+		Id:     jsii.String("AwsSolutions-SQS3"),
+		Reason: jsii.String("This queue is the EventBridge Scheduler dead-letter queue of the dispatcher schedule (a schedule target DLQ, which cdk-nag does not recognise); it is alarmed on."),
+	}}, nil)
+	cdknag.NagSuppressions_AddResourceSuppressions(schedRole, &[]*cdknag.NagPackSuppression{{
+		Id:        jsii.String("AwsSolutions-IAM5"),
+		Reason:    jsii.String("CDK's LambdaInvoke target grants lambda:InvokeFunction on the dispatcher and its versions (<arn>:*); the role can invoke nothing else."),
+		AppliesTo: &[]any{cdknag.RegexAppliesTo{Regex: jsii.String(`/^Resource::<Dispatcher[A-Za-z0-9]+\.Arn>:\*$/g`)}},
+	}}, jsii.Bool(true))
+
+	newAlarms(stack, cfg, p)
+	newDashboard(stack, cfg, p)
+	return p
+}
+
+// databaseAccess returns the database environment of every function and a
+// function granting a role access: rds-db:connect as the database user on the
+// proxy, or nothing for a plain URL (local variant).
+func databaseAccess(cfg Config, net *Network) (map[string]*string, func(awsiam.Role)) {
+	if net == nil {
+		return map[string]*string{"FIFOBOX_DATABASE_URL": jsii.String(cfg.DatabaseURL)}, func(awsiam.Role) {}
+	}
+	env := map[string]*string{
+		"FIFOBOX_DB_HOST":     net.Proxy.Endpoint(),
+		"FIFOBOX_DB_PORT":     jsii.String(strconv.Itoa(DBPort)),
+		"FIFOBOX_DB_NAME":     jsii.String(cfg.DatabaseName),
+		"FIFOBOX_DB_USER":     jsii.String(cfg.DatabaseUser),
+		"FIFOBOX_DB_IAM_AUTH": jsii.String("true"),
+	}
+	return env, func(role awsiam.Role) { net.Proxy.GrantConnect(role, jsii.String(cfg.DatabaseUser)) }
+}
+
+type functionOptions struct {
+	description  string
+	timeout      float64
+	memoryMB     float64
+	reserved     float64
+	asyncRetries bool
+	env          *map[string]*string
+}
+
+// newFunction creates a provided.al2023 arm64 function from
+// <AssetDir>/<dir>/bootstrap with its own role and log group. The role gets
+// only: writing to its log group, and (in a VPC) managing its network
+// interfaces; callers add what the function itself calls.
+func newFunction(stack awscdk.Stack, cfg Config, net *Network, id, dir string, o functionOptions) (awslambda.Function, awsiam.Role) {
+	logs := awslogs.NewLogGroup(stack, jsii.String(id+"Logs"), &awslogs.LogGroupProps{
+		Retention:     awslogs.RetentionDays_ONE_MONTH,
+		RemovalPolicy: awscdk.RemovalPolicy_DESTROY,
+	})
+	role := awsiam.NewRole(stack, jsii.String(id+"Role"), &awsiam.RoleProps{
+		AssumedBy:   awsiam.NewServicePrincipal(jsii.String("lambda.amazonaws.com"), nil),
+		Description: jsii.String("Execution role of " + o.description),
+	})
+	// Instead of AWSLambdaBasicExecutionRole (logs:* on every log group).
+	role.AddToPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Sid:       jsii.String("WriteOwnLogGroup"),
+		Actions:   jsii.Strings("logs:CreateLogStream", "logs:PutLogEvents"),
+		Resources: jsii.Strings(*logs.LogGroupArn()),
+	}))
+	props := &awslambda.FunctionProps{
+		Description:  jsii.String(o.description),
+		Runtime:      awslambda.Runtime_PROVIDED_AL2023(),
+		Architecture: awslambda.Architecture_ARM_64(),
+		Handler:      jsii.String("bootstrap"),
+		Code:         awslambda.Code_FromAsset(jsii.String(filepath.Join(cfg.AssetDir, dir)), nil),
+		Timeout:      awscdk.Duration_Seconds(jsii.Number(o.timeout)),
+		MemorySize:   jsii.Number(o.memoryMB),
+		Environment:  o.env,
+		Role:         role,
+		LogGroup:     logs,
+	}
+	if o.reserved > 0 {
+		props.ReservedConcurrentExecutions = jsii.Number(o.reserved)
+	}
+	if o.asyncRetries {
+		props.RetryAttempts = jsii.Number(0)
+		props.MaxEventAge = awscdk.Duration_Minutes(jsii.Number(2))
+	}
+	if net != nil {
+		props.Vpc = net.Vpc
+		props.VpcSubnets = net.Subnets
+		props.SecurityGroups = &[]awsec2.ISecurityGroup{net.SecurityGroup}
+		// Instead of AWSLambdaVPCAccessExecutionRole: the same ENI actions,
+		// which have no resource-level scoping for Describe*.
+		role.AddToPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Sid: jsii.String("ManageVpcNetworkInterfaces"),
+			Actions: jsii.Strings("ec2:CreateNetworkInterface", "ec2:DescribeNetworkInterfaces", "ec2:DescribeSubnets",
+				"ec2:DeleteNetworkInterface", "ec2:AssignPrivateIpAddresses", "ec2:UnassignPrivateIpAddresses"),
+			Resources: jsii.Strings("*"),
+		}))
+		cdknag.NagSuppressions_AddResourceSuppressions(role, &[]*cdknag.NagPackSuppression{{
+			Id:        jsii.String("AwsSolutions-IAM5"),
+			Reason:    jsii.String("Lambda needs these EC2 network-interface actions to attach the function to the VPC; they are the actions of AWSLambdaVPCAccessExecutionRole and do not support resource-level permissions (Describe*) or act on ENIs Lambda creates."),
+			AppliesTo: &[]any{jsii.String("Resource::*")},
+		}}, jsii.Bool(true))
+	}
+	fn := awslambda.NewFunction(stack, jsii.String(id), props)
+	return fn, role
+}
