@@ -1,0 +1,45 @@
+package metrics_test
+
+import (
+	"os"
+	"regexp"
+	"testing"
+
+	"github.com/fifobox/fifobox/pkg/metrics"
+)
+
+// The CDK app (infra/, its own module) repeats the metric names its alarms
+// watch, to keep the application's dependencies out of that module. This
+// test keeps the two in step: an alarm on a renamed metric would never fire.
+func TestInfraUsesTheEmittedMetricNames(t *testing.T) {
+	src, err := os.ReadFile("../../infra/stacks/config.go")
+	if err != nil {
+		t.Skipf("infra module not present: %v", err)
+	}
+	ours := map[string]string{
+		"MetricsNamespace": metrics.DefaultNamespace, "DimService": metrics.DimService, "DimConsumer": metrics.DimConsumer,
+		"ServiceDispatcher":   metrics.ServiceDispatcher,
+		"MetricOutboxBacklog": metrics.MetricOutboxBacklog, "MetricOldestPendingAgeSeconds": metrics.MetricOldestPendingAgeSeconds,
+		"MetricDeadEvents": metrics.MetricDeadEvents, "MetricParkedAggregates": metrics.MetricParkedAggregates,
+		"MetricPublished": metrics.MetricPublished, "MetricRetries": metrics.MetricRetries, "MetricDead": metrics.MetricDead,
+		"MetricPublishLatencyMs": metrics.MetricPublishLatencyMs, "MetricProcessed": metrics.MetricProcessed,
+		"MetricDuplicates": metrics.MetricDuplicates, "MetricFailures": metrics.MetricFailures,
+		"MetricConsumerLagSeconds": metrics.MetricConsumerLagSeconds,
+	}
+	re := regexp.MustCompile(`(?m)^\s*((?:Metric|Dim|Service)\w*)\s*=\s*"([^"]*)"`)
+	found := 0
+	for _, m := range re.FindAllStringSubmatch(string(src), -1) {
+		want, ok := ours[m[1]]
+		if !ok {
+			t.Errorf("infra constant %s = %q has no counterpart in pkg/metrics", m[1], m[2])
+			continue
+		}
+		found++
+		if m[2] != want {
+			t.Errorf("infra %s = %q, but the functions emit %q", m[1], m[2], want)
+		}
+	}
+	if found < 10 {
+		t.Fatalf("found only %d metric constants in infra/stacks/config.go; has the file moved?", found)
+	}
+}
