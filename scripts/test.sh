@@ -19,6 +19,7 @@ if ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
 fi
 
 step "SNS/SQS emulator"
+./localstack/emulator.sh install   # even if one is running: the outage test starts its own
 ./localstack/emulator.sh start
 trap './localstack/emulator.sh stop >/dev/null 2>&1 || true' EXIT
 # shellcheck disable=SC1091

@@ -34,6 +34,9 @@ import (
 )
 
 var (
+	installOnce sync.Once
+	installErr  error
+
 	once     sync.Once
 	endpoint string
 	startErr error
@@ -167,7 +170,15 @@ func StartProcess(tb testing.TB) *Process {
 	if os.Getenv("FIFOBOX_SKIP_EMULATOR") == "1" {
 		tb.Skip("FIFOBOX_SKIP_EMULATOR=1")
 	}
-	Endpoint(tb) // make sure it is installed
+	installOnce.Do(func() {
+		// The shared emulator may belong to another checkout: install ours.
+		cmd := exec.Command(filepath.Join(RepoRoot(), "localstack", "emulator.sh"), "install")
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		installErr = cmd.Run()
+	})
+	if installErr != nil {
+		tb.Fatalf("emulatortest: install emulator: %v", installErr)
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
