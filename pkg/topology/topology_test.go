@@ -1,0 +1,79 @@
+package topology_test
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/fifobox/fifobox/pkg/topology"
+)
+
+func TestDefaultIsValid(t *testing.T) {
+	d := topology.Default()
+	if err := d.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range d.Consumers {
+		if len(c.QueueName()) > 80 || len(c.DLQName()) > 80 || !strings.HasSuffix(c.DLQName(), ".fifo") {
+			t.Errorf("%s: queue names %q/%q break SQS FIFO naming", c.Name, c.QueueName(), c.DLQName())
+		}
+	}
+}
+
+func TestValidateNamesTheField(t *testing.T) {
+	tests := []struct {
+		name   string
+		mutate func(*topology.Topology)
+		want   string
+	}{
+		{"topic without .fifo", func(t *topology.Topology) { t.Topic.Name = "events" }, "topic.name"},
+		{"bad scope", func(t *topology.Topology) { t.Topic.ThroughputScope = "Account" }, "topic.throughput_scope"},
+		{"no consumers", func(t *topology.Topology) { t.Consumers = nil }, "consumers"},
+		{"bad consumer name", func(t *topology.Topology) { t.Consumers[0].Name = "orders projection" }, "consumers[0].name"},
+		{"duplicate consumer", func(t *topology.Topology) { t.Consumers[1].Name = t.Consumers[0].Name }, "duplicate"},
+		{"visibility below 6x", func(t *topology.Topology) { t.Consumers[0].VisibilityTimeoutSeconds = 5 * t.Consumers[0].FunctionTimeoutSeconds }, "visibility_timeout_seconds"},
+		{"max receive", func(t *topology.Topology) { t.Consumers[2].MaxReceiveCount = 0 }, "consumers[2].max_receive_count"},
+		{"concurrency", func(t *topology.Topology) { t.Consumers[0].MaxConcurrency = 1 }, "max_concurrency"},
+		{"unknown filter attribute", func(t *topology.Topology) { t.Consumers[0].Filter = map[string][]string{"payload": {"x"}} }, `filter["payload"]`},
+		{"empty filter values", func(t *topology.Topology) { t.Consumers[0].Filter = map[string][]string{"event_type": {}} }, "needs at least one value"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			topo := topology.Default()
+			tt.mutate(&topo)
+			err := topo.Validate()
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err = %v, want one naming %s", err, tt.want)
+			}
+		})
+	}
+}
+
+// Matches must agree with the SNS filter policy it renders: the local
+// pipeline's expectations and the cloud subscriptions come from one place.
+func TestFilterPolicyAndMatches(t *testing.T) {
+	c := topology.Consumer{Name: "c", Filter: map[string][]string{"event_type": {"order.paid", "order.refunded"}, "tenant_id": {"acme"}}}
+	var policy map[string][]string
+	if err := json.Unmarshal([]byte(c.FilterPolicy()), &policy); err != nil || len(policy) != 2 || len(policy["event_type"]) != 2 {
+		t.Fatalf("policy %s: %v", c.FilterPolicy(), err)
+	}
+	tests := []struct {
+		attrs map[string]string
+		want  bool
+	}{
+		{map[string]string{"event_type": "order.paid", "tenant_id": "acme"}, true},
+		{map[string]string{"event_type": "order.refunded", "tenant_id": "acme", "aggregate_type": "order"}, true},
+		{map[string]string{"event_type": "order.created", "tenant_id": "acme"}, false},
+		{map[string]string{"event_type": "order.paid", "tenant_id": "other"}, false},
+		{map[string]string{"event_type": "order.paid"}, false}, // a missing attribute never matches
+	}
+	for _, tt := range tests {
+		if got := c.Matches(tt.attrs); got != tt.want {
+			t.Errorf("Matches(%v) = %v, want %v", tt.attrs, got, tt.want)
+		}
+	}
+	all := topology.Consumer{Name: "audit"}
+	if all.FilterPolicy() != "" || !all.Matches(map[string]string{}) {
+		t.Fatal("a consumer without a filter must take every event and render no policy")
+	}
+}
