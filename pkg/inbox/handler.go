@@ -12,6 +12,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fifobox/fifobox/pkg/envelope"
 )
@@ -104,23 +105,45 @@ func NewHandler(db DB, dlq DLQSender, apply Apply, cfg HandlerConfig) (*Handler,
 // done. A panic in the side effect fails that record instead of the batch.
 // The returned error is non-nil only if a record has no message id to report
 // (then Lambda retries the whole batch, which the inbox makes safe).
+//
+// The batch runs in one transaction, each record under its own savepoint:
+// the savepoint and the record's inbox claim go to PostgreSQL in one round
+// trip, and one COMMIT covers the batch, so a record costs two round trips
+// (claim, side effect) instead of four (begin, claim, side effect, commit).
+// A failed record rolls back to its savepoint only. If the COMMIT fails,
+// nothing of the batch was applied and every record it ran is reported
+// failed, to be delivered again.
 func (h *Handler) Handle(ctx context.Context, ev events.SQSEvent) (events.SQSEventResponse, error) {
 	m := BatchMetrics{Consumer: h.cfg.Consumer, Records: len(ev.Records), Failures: map[string]int{}}
 	var resp events.SQSEventResponse
-	failedGroups := map[string]bool{}
-	now := time.Now()
 	for _, r := range ev.Records {
 		if r.MessageId == "" {
 			return events.SQSEventResponse{}, errors.New("inbox: SQS record without a message id; failing the whole batch")
 		}
+	}
+	fail := func(r events.SQSMessage, class string) {
+		resp.BatchItemFailures = append(resp.BatchItemFailures, events.SQSBatchItemFailure{ItemIdentifier: r.MessageId})
+		m.Failures[class]++
+	}
+	failedGroups := map[string]bool{}
+	var applied []events.SQSMessage // run in the batch transaction, pending its commit
+	var b batchTx
+	defer b.rollback(ctx)
+	now := time.Now()
+	for _, r := range ev.Records {
 		group := r.Attributes["MessageGroupId"]
 		if failedGroups[group] {
-			resp.BatchItemFailures = append(resp.BatchItemFailures, events.SQSBatchItemFailure{ItemIdentifier: r.MessageId})
-			m.Failures[ClassBlocked]++
+			fail(r, ClassBlocked)
 			continue
 		}
-		class, err := h.record(ctx, r, now, &m)
+		class, dup, err := h.record(ctx, &b, r, now, &m)
 		if err == nil {
+			applied = append(applied, r)
+			if dup {
+				m.Duplicates++
+			} else {
+				m.Processed++
+			}
 			continue
 		}
 		if class == ClassPermanent || class == ClassInvalid {
@@ -131,11 +154,19 @@ func (h *Handler) Handle(ctx context.Context, ev events.SQSEvent) (events.SQSEve
 				h.log.Error("inbox: dead-letter send failed; will retry", "consumer", h.cfg.Consumer, "message_id", r.MessageId, "error", dlqErr.Error())
 			}
 		}
-		m.Failures[ClassTransient]++
 		failedGroups[group] = true
-		resp.BatchItemFailures = append(resp.BatchItemFailures, events.SQSBatchItemFailure{ItemIdentifier: r.MessageId})
+		fail(r, ClassTransient)
 		h.log.Warn("inbox: record failed", "consumer", h.cfg.Consumer, "message_id", r.MessageId, "group", group,
 			"class", class, "receive_count", r.Attributes["ApproximateReceiveCount"], "error", err.Error())
+	}
+	if err := b.commit(ctx); err != nil {
+		// Nothing of this batch was applied: every record it ran goes back.
+		h.log.Warn("inbox: batch commit failed; its records will be delivered again", "consumer", h.cfg.Consumer,
+			"records", len(applied), "error", err.Error())
+		m.Processed, m.Duplicates = 0, 0
+		for _, r := range applied {
+			fail(r, ClassTransient)
+		}
 	}
 	if h.cfg.OnBatch != nil {
 		h.cfg.OnBatch(m)
@@ -143,35 +174,103 @@ func (h *Handler) Handle(ctx context.Context, ev events.SQSEvent) (events.SQSEve
 	return resp, nil
 }
 
-// record decodes and applies one record; it returns the failure class and error.
-func (h *Handler) record(ctx context.Context, r events.SQSMessage, now time.Time, m *BatchMetrics) (class string, err error) {
+// record decodes and applies one record inside the batch transaction; it
+// returns whether it was a duplicate, or the failure class and error.
+func (h *Handler) record(ctx context.Context, b *batchTx, r events.SQSMessage, now time.Time, m *BatchMetrics) (class string, dup bool, err error) {
 	e, err := envelope.Decode([]byte(r.Body))
 	if err != nil {
-		return ClassInvalid, err
+		return ClassInvalid, false, err
 	}
 	if lag := now.Sub(e.OccurredAt); lag > m.MaxLag {
 		m.MaxLag = lag
 	}
-	defer func() {
-		if p := recover(); p != nil {
-			class, err = ClassTransient, fmt.Errorf("side effect panicked: %v", p)
+	if b.broken != nil {
+		return ClassTransient, false, fmt.Errorf("batch transaction unusable: %w", b.broken)
+	}
+	if b.tx == nil {
+		if b.tx, err = h.db.Begin(ctx); err != nil {
+			b.broken = err
+			return ClassTransient, false, fmt.Errorf("inbox begin: %w", err)
 		}
-	}()
-	out, err := Process(e.ContextWithTrace(ctx), h.db, h.cfg.Consumer, e, func(ctx context.Context, tx pgx.Tx) error {
-		return h.apply(ctx, tx, e)
-	})
+	}
+	ctx = e.ContextWithTrace(ctx)
+	claimed, err := b.claim(ctx, h.cfg.Consumer, e)
 	if err != nil {
+		return ClassTransient, false, err
+	}
+	if !claimed {
+		return "", true, nil // applied before: nothing to do
+	}
+	err = func() (err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				err = fmt.Errorf("side effect panicked: %v", p)
+			}
+		}()
+		return h.apply(ctx, b.tx, e)
+	}()
+	if err != nil {
+		b.undo(ctx) // the claim rolls back with the side effect
 		if IsPermanent(err) {
-			return ClassPermanent, err
+			return ClassPermanent, false, err
 		}
-		return ClassTransient, err
+		return ClassTransient, false, err
 	}
-	if out == Duplicate {
-		m.Duplicates++
-	} else {
-		m.Processed++
+	return "", false, nil
+}
+
+// batchTx is a batch's transaction with one savepoint per record.
+type batchTx struct {
+	tx     pgx.Tx
+	broken error // set when the transaction can no longer be used
+}
+
+// claim sets the record's savepoint and claims (consumer, event id) in one
+// round trip; false means the event was applied before.
+func (b *batchTx) claim(ctx context.Context, consumer string, e envelope.Envelope) (bool, error) {
+	batch := &pgx.Batch{}
+	batch.Queue(sqlSavepoint)
+	batch.Queue(sqlClaim, consumer, e.ID, e.AggregateType, e.AggregateID, e.Sequence)
+	br := b.tx.SendBatch(ctx, batch)
+	_, err := br.Exec()
+	var tag pgconn.CommandTag
+	if err == nil {
+		tag, err = br.Exec()
 	}
-	return "", nil
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		b.undo(ctx)
+		return false, fmt.Errorf("inbox claim: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// undo rolls back to the record's savepoint; if even that fails the batch
+// transaction is broken and later records fail without running.
+func (b *batchTx) undo(ctx context.Context) {
+	if _, err := b.tx.Exec(ctx, sqlRollbackToSavepoint); err != nil && b.broken == nil {
+		b.broken = err
+	}
+}
+
+func (b *batchTx) commit(ctx context.Context) error {
+	if b.tx == nil {
+		return nil
+	}
+	if b.broken != nil {
+		return b.broken
+	}
+	err := b.tx.Commit(ctx)
+	b.tx = nil
+	return err
+}
+
+func (b *batchTx) rollback(ctx context.Context) {
+	if b.tx != nil {
+		_ = b.tx.Rollback(context.WithoutCancel(ctx))
+	}
 }
 
 func (h *Handler) deadLetter(ctx context.Context, r events.SQSMessage, group, class string, cause error) error {

@@ -325,3 +325,59 @@ func TestHandlerDuplicateInBatchAndMissingID(t *testing.T) {
 		t.Fatal("record without message id: want an error (whole batch retried), never an empty identifier")
 	}
 }
+
+// The handler applies a batch in one transaction: if its COMMIT fails (here
+// a deferred constraint), nothing was applied, every record that ran is
+// reported failed, and a redelivery applies each exactly once.
+func TestHandlerCommitFailureReportsTheBatch(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	ctx := context.Background()
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE once_per_batch (k int UNIQUE DEFERRABLE INITIALLY DEFERRED)`); err != nil {
+		t.Fatal(err)
+	}
+	breakCommit := true
+	apply := func(ctx context.Context, tx pgx.Tx, e envelope.Envelope) error {
+		if breakCommit {
+			// Fine statement by statement; the second row violates the
+			// unique key only when the transaction commits.
+			if _, err := tx.Exec(ctx, `INSERT INTO once_per_batch VALUES (1)`); err != nil {
+				return err
+			}
+		}
+		return record(ctx, tx, e)
+	}
+	h, _ := inbox.NewHandler(db.Pool, &fakeDLQ{}, apply, inbox.HandlerConfig{Consumer: "c", DLQURL: "d"})
+	var evs []envelope.Envelope
+	var batch events.SQSEvent
+	for i, g := range []string{"A", "B", "A"} {
+		e := ev(g, int64(i+1))
+		evs = append(evs, e)
+		b, _ := e.Encode()
+		batch.Records = append(batch.Records, events.SQSMessage{MessageId: fmt.Sprint(i), Body: string(b), Attributes: map[string]string{"MessageGroupId": g}})
+	}
+	var m inbox.BatchMetrics
+	h2, _ := inbox.NewHandler(db.Pool, &fakeDLQ{}, apply, inbox.HandlerConfig{Consumer: "c", DLQURL: "d", OnBatch: func(bm inbox.BatchMetrics) { m = bm }})
+	resp, err := h2.Handle(ctx, batch)
+	if err != nil || len(resp.BatchItemFailures) != 3 {
+		t.Fatalf("commit failure: %+v %v, want all 3 records reported failed", resp, err)
+	}
+	if m.Processed != 0 || m.Failures[inbox.ClassTransient] != 3 {
+		t.Fatalf("metrics after a failed commit: %+v", m)
+	}
+	var n int
+	if err := db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM inbox) + (SELECT count(*) FROM effects)`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("a failed commit left %d inbox/effect rows (%v)", n, err)
+	}
+	breakCommit = false
+	for round := 0; round < 2; round++ { // redelivered, then delivered again
+		if resp, err := h.Handle(ctx, batch); err != nil || len(resp.BatchItemFailures) != 0 {
+			t.Fatalf("redelivery %d: %+v %v", round, resp, err)
+		}
+	}
+	for _, e := range evs {
+		if c := countEffects(t, db, e.ID); c != 1 {
+			t.Fatalf("event %s applied %d times, want 1", e.ID, c)
+		}
+	}
+}
