@@ -127,6 +127,18 @@ func NewAt(tb testing.TB, ep string, t topology.Topology, visibility int) *Env {
 		tb.Fatalf("emulatortest: provision: %v", err)
 	}
 	e.Resources = res
+	// Delete what the test made: messages left in queues would pile up in
+	// the shared emulator's memory and slow every later test down.
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		for _, q := range res.Queues {
+			for _, u := range []string{q.URL, q.DLQURL} {
+				_, _ = e.SQS.DeleteQueue(ctx, &sqs.DeleteQueueInput{QueueUrl: aws.String(u)})
+			}
+		}
+		_, _ = e.SNS.DeleteTopic(ctx, &sns.DeleteTopicInput{TopicArn: aws.String(res.TopicARN)})
+	})
 	return e
 }
 

@@ -28,7 +28,9 @@ type DispatcherConfig struct {
 	// BatchSize is the most rows one claim takes. Default 500.
 	BatchSize int
 	// PublishBatchSize is the most messages per Publisher.Publish call.
-	// Default 9: SNS allows 10, but some emulators reorder a 10-entry batch.
+	// Default 10, the SNS limit. Entry order inside a call never matters:
+	// a claim holds at most one event per aggregate (and snspub sends each
+	// group's messages in separate calls, one after the other, regardless).
 	PublishBatchSize int
 	// PublishConcurrency is how many Publish calls of one batch run at once. Default 16.
 	PublishConcurrency int
@@ -72,7 +74,7 @@ func (c *DispatcherConfig) setDefaults() {
 		}
 	}
 	def(&c.BatchSize, 500)
-	def(&c.PublishBatchSize, 9)
+	def(&c.PublishBatchSize, 10)
 	def(&c.PublishConcurrency, 16)
 	def(&c.Workers, 2)
 	def(&c.MaxAttempts, 10)
@@ -282,6 +284,11 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (BatchResult, error) {
 // Drain runs batches with Workers loops until nothing is due (the backlog is
 // empty or everything left is waiting for backoff or parked), ctx is done, or
 // ctx's deadline is closer than DeadlineMargin. It returns the first error.
+//
+// A claim that comes back short or empty does not mean the backlog is
+// drained: the next event of every aggregate in flight becomes claimable
+// only once its predecessor is marked sent. So Drain stops only when a claim
+// finds nothing while no other worker has a batch in flight.
 func (d *Dispatcher) Drain(ctx context.Context) error {
 	stopAt, hasDeadline := d.stopAt(ctx)
 	var (
@@ -289,13 +296,21 @@ func (d *Dispatcher) Drain(ctx context.Context) error {
 		firstErr error
 		errOnce  sync.Once
 		empty    atomic.Bool
+		busy     atomic.Int32 // workers inside RunOnce
+		finished atomic.Int64 // batches that claimed something and are done
 	)
 	for w := 0; w < d.cfg.Workers; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for !empty.Load() && ctx.Err() == nil && (!hasDeadline || time.Now().Before(stopAt)) {
+				gen := finished.Load()
+				busy.Add(1)
 				res, err := d.RunOnce(ctx)
+				if res.Claimed > 0 {
+					finished.Add(1)
+				}
+				others := busy.Add(-1)
 				if err != nil {
 					if ctx.Err() == nil {
 						errOnce.Do(func() { firstErr = err })
@@ -303,8 +318,15 @@ func (d *Dispatcher) Drain(ctx context.Context) error {
 					empty.Store(true)
 					return
 				}
-				if res.Claimed < d.cfg.BatchSize {
-					empty.Store(true)
+				if res.Claimed == 0 {
+					// Empty only if no batch was in flight or finished while
+					// we claimed: a finished batch may have freed new heads.
+					if others == 0 && finished.Load() == gen {
+						empty.Store(true)
+						return
+					}
+					// Another worker's batch will free its aggregates' next events.
+					time.Sleep(time.Millisecond)
 				}
 			}
 		}()

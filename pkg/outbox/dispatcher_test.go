@@ -424,3 +424,37 @@ func TestConfigValidation(t *testing.T) {
 }
 
 type nopDB struct{ outbox.DB }
+
+// Drain empties a backlog deeper than one claim per aggregate: with fewer
+// aggregates than BatchSize every claim comes back short, yet Drain must
+// keep going until nothing is due, in order.
+func TestDrainEmptiesDeepAggregates(t *testing.T) {
+	t.Parallel()
+	for _, workers := range []int{1, 2, 4} {
+		t.Run(fmt.Sprintf("workers=%d", workers), func(t *testing.T) {
+			db := pgtest.New(t)
+			var evs []envelope.Envelope
+			for i := 1; i <= 30; i++ {
+				for a := 0; a < 7; a++ {
+					evs = append(evs, event(fmt.Sprintf("deep-%d", a), i))
+				}
+			}
+			enqueue(t, db.Pool, evs...)
+			rec := &outboxtest.Recorder{}
+			d := newDispatcher(t, db.Pool, rec, outbox.DispatcherConfig{BatchSize: 500, Workers: workers})
+			if err := d.Drain(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if rec.Len() != len(evs) || count(t, db.Pool, "state <> 'sent'") != 0 {
+				t.Fatalf("one Drain published %d of %d", rec.Len(), len(evs))
+			}
+			last := map[string]int64{}
+			for _, a := range rec.Acks() {
+				if a.Sequence != last[a.AggregateID]+1 {
+					t.Fatalf("aggregate %s: %d after %d", a.AggregateID, a.Sequence, last[a.AggregateID])
+				}
+				last[a.AggregateID] = a.Sequence
+			}
+		})
+	}
+}

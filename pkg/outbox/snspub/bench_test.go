@@ -35,71 +35,84 @@ const benchConcurrency = 16 // the dispatcher's default PublishConcurrency
 func BenchmarkThroughEmulator(b *testing.B) {
 	topo := topology.Default()
 	var raw, disp float64
-	b.Run("raw-PublishBatch", func(b *testing.B) {
-		env := emulatortest.New(b, topo, 0)
-		body, _ := makeEvent("order", "order-000000", 0).Encode()
-		attrs := makeEvent("order", "order-000000", 0).Attributes()
-		calls := (b.N + 9) / 10
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		b.ResetTimer()
-		start := time.Now()
-		for w := 0; w < benchConcurrency; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					c := int(next.Add(1) - 1)
-					if c >= calls {
-						return
+	// Interleaved rounds, best of each: the emulator's rate drifts on a
+	// shared machine, and both sides must see the same conditions.
+	for round := 0; round < 3; round++ {
+		b.Run("raw-PublishBatch", func(b *testing.B) {
+			env := emulatortest.New(b, topo, 0)
+			body, _ := makeEvent("order", "order-000000", 0).Encode()
+			attrs := makeEvent("order", "order-000000", 0).Attributes()
+			calls := (b.N + 9) / 10
+			var next atomic.Int64
+			var wg sync.WaitGroup
+			b.ResetTimer()
+			start := time.Now()
+			for w := 0; w < benchConcurrency; w++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						c := int(next.Add(1) - 1)
+						if c >= calls {
+							return
+						}
+						entries := make([]snstypes.PublishBatchRequestEntry, 0, 10)
+						for i := 0; i < 10 && c*10+i < b.N; i++ {
+							n := c*10 + i
+							entries = append(entries, snstypes.PublishBatchRequestEntry{
+								Id: aws.String(strconv.Itoa(i)), Message: aws.String(string(body)),
+								MessageGroupId: aws.String(fmt.Sprintf("order-%06d", n%1000)), MessageDeduplicationId: aws.String(fmt.Sprintf("raw-%d", n)),
+								MessageAttributes: snsAttrs(attrs),
+							})
+						}
+						out, err := env.SNS.PublishBatch(context.Background(), &sns.PublishBatchInput{TopicArn: aws.String(env.TopicARN), PublishBatchRequestEntries: entries})
+						if err != nil || len(out.Failed) > 0 {
+							b.Errorf("raw publish: %v %v", err, out)
+							return
+						}
 					}
-					entries := make([]snstypes.PublishBatchRequestEntry, 0, 10)
-					for i := 0; i < 10 && c*10+i < b.N; i++ {
-						n := c*10 + i
-						entries = append(entries, snstypes.PublishBatchRequestEntry{
-							Id: aws.String(strconv.Itoa(i)), Message: aws.String(string(body)),
-							MessageGroupId: aws.String(fmt.Sprintf("order-%06d", n%1000)), MessageDeduplicationId: aws.String(fmt.Sprintf("raw-%d", n)),
-							MessageAttributes: snsAttrs(attrs),
-						})
-					}
-					out, err := env.SNS.PublishBatch(context.Background(), &sns.PublishBatchInput{TopicArn: aws.String(env.TopicARN), PublishBatchRequestEntries: entries})
-					if err != nil || len(out.Failed) > 0 {
-						b.Errorf("raw publish: %v %v", err, out)
-						return
-					}
-				}
-			}()
+				}()
+			}
+			wg.Wait()
+			r := float64(b.N) / time.Since(start).Seconds()
+			raw = max(raw, r)
+			b.ReportMetric(r, "events/s")
+		})
+		b.Run("dispatcher", func(b *testing.B) {
+			env := emulatortest.New(b, topo, 0)
+			db := pgtest.New(b)
+			enqueueSpread(b, db, b.N, max(b.N/10, 1))
+			pub, err := snspub.New(env.SNS, snspub.Config{TopicARN: env.TopicARN})
+			if err != nil {
+				b.Fatal(err)
+			}
+			cfg := outbox.DispatcherConfig{PublishConcurrency: benchConcurrency}
+		if v, err := strconv.Atoi(os.Getenv("FIFOBOX_BENCH_WORKERS")); err == nil {
+			cfg.Workers = v
 		}
-		wg.Wait()
-		raw = float64(b.N) / time.Since(start).Seconds()
-		b.ReportMetric(raw, "events/s")
-	})
-	b.Run("dispatcher", func(b *testing.B) {
-		env := emulatortest.New(b, topo, 0)
-		db := pgtest.New(b)
-		enqueueSpread(b, db, b.N, max(b.N/10, 1))
-		pub, err := snspub.New(env.SNS, snspub.Config{TopicARN: env.TopicARN})
-		if err != nil {
-			b.Fatal(err)
+		if v, err := strconv.Atoi(os.Getenv("FIFOBOX_BENCH_BATCH")); err == nil {
+			cfg.BatchSize = v
 		}
-		d, err := outbox.NewDispatcher(db.Pool, pub, outbox.DispatcherConfig{PublishConcurrency: benchConcurrency})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.ResetTimer()
-		start := time.Now()
-		if err := d.Drain(context.Background()); err != nil {
-			b.Fatal(err)
-		}
-		disp = float64(b.N) / time.Since(start).Seconds()
-		b.StopTimer()
-		if tot := d.Totals(); tot.Sent != int64(b.N) {
-			b.Fatalf("sent %d of %d", tot.Sent, b.N)
-		}
-		b.ReportMetric(disp, "events/s")
-	})
+		d, err := outbox.NewDispatcher(db.Pool, pub, cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			start := time.Now()
+			if err := d.Drain(context.Background()); err != nil {
+				b.Fatal(err)
+			}
+			r := float64(b.N) / time.Since(start).Seconds()
+			b.StopTimer()
+			if tot := d.Totals(); tot.Sent != int64(b.N) {
+				b.Fatalf("sent %d of %d", tot.Sent, b.N)
+			}
+			disp = max(disp, r)
+			b.ReportMetric(r, "events/s")
+		})
+	}
 	if raw > 0 && disp > 0 {
-		fmt.Printf("\n%-44s %12s\n", "through the emulator (3 subscribed queues)", "events/s")
+		fmt.Printf("\n%-44s %12s\n", "through the emulator (3 subscribed queues, best of 3)", "events/s")
 		fmt.Printf("%-44s %12.0f\n", "raw PublishBatch (10/call, 16 concurrent)", raw)
 		fmt.Printf("%-44s %12.0f\n", "dispatcher: outbox -> SNS FIFO (Drain)", disp)
 		fmt.Printf("%-44s %11.0f%%   (target >= 80%%)\n\n", "dispatcher / raw", 100*disp/raw)
