@@ -31,7 +31,9 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"no consumers", func(t *topology.Topology) { t.Consumers = nil }, "consumers"},
 		{"bad consumer name", func(t *topology.Topology) { t.Consumers[0].Name = "orders projection" }, "consumers[0].name"},
 		{"duplicate consumer", func(t *topology.Topology) { t.Consumers[1].Name = t.Consumers[0].Name }, "duplicate"},
-		{"visibility below 6x", func(t *topology.Topology) { t.Consumers[0].VisibilityTimeoutSeconds = 5 * t.Consumers[0].FunctionTimeoutSeconds }, "visibility_timeout_seconds"},
+		{"visibility below 6x", func(t *topology.Topology) {
+			t.Consumers[0].VisibilityTimeoutSeconds = 5 * t.Consumers[0].FunctionTimeoutSeconds
+		}, "visibility_timeout_seconds"},
 		{"max receive", func(t *topology.Topology) { t.Consumers[2].MaxReceiveCount = 0 }, "consumers[2].max_receive_count"},
 		{"concurrency", func(t *topology.Topology) { t.Consumers[0].MaxConcurrency = 1 }, "max_concurrency"},
 		{"unknown filter attribute", func(t *topology.Topology) { t.Consumers[0].Filter = map[string][]string{"payload": {"x"}} }, `filter["payload"]`},

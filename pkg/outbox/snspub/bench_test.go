@@ -87,13 +87,13 @@ func BenchmarkThroughEmulator(b *testing.B) {
 				b.Fatal(err)
 			}
 			cfg := outbox.DispatcherConfig{PublishConcurrency: benchConcurrency}
-		if v, err := strconv.Atoi(os.Getenv("FIFOBOX_BENCH_WORKERS")); err == nil {
-			cfg.Workers = v
-		}
-		if v, err := strconv.Atoi(os.Getenv("FIFOBOX_BENCH_BATCH")); err == nil {
-			cfg.BatchSize = v
-		}
-		d, err := outbox.NewDispatcher(db.Pool, pub, cfg)
+			if v, err := strconv.Atoi(os.Getenv("FIFOBOX_BENCH_WORKERS")); err == nil {
+				cfg.Workers = v
+			}
+			if v, err := strconv.Atoi(os.Getenv("FIFOBOX_BENCH_BATCH")); err == nil {
+				cfg.BatchSize = v
+			}
+			d, err := outbox.NewDispatcher(db.Pool, pub, cfg)
 			if err != nil {
 				b.Fatal(err)
 			}
