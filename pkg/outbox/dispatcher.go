@@ -295,38 +295,60 @@ func (d *Dispatcher) Drain(ctx context.Context) error {
 		wg       sync.WaitGroup
 		firstErr error
 		errOnce  sync.Once
-		empty    atomic.Bool
-		busy     atomic.Int32 // workers inside RunOnce
-		finished atomic.Int64 // batches that claimed something and are done
+		mu       sync.Mutex
+		cond     = sync.NewCond(&mu)
+		empty    bool
+		busy     int   // workers inside RunOnce
+		finished int64 // batches that claimed something and are done
 	)
+	stop := func() {
+		mu.Lock()
+		empty = true
+		mu.Unlock()
+		cond.Broadcast()
+	}
 	for w := 0; w < d.cfg.Workers; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for !empty.Load() && ctx.Err() == nil && (!hasDeadline || time.Now().Before(stopAt)) {
-				gen := finished.Load()
-				busy.Add(1)
-				res, err := d.RunOnce(ctx)
-				if res.Claimed > 0 {
-					finished.Add(1)
+			for ctx.Err() == nil && (!hasDeadline || time.Now().Before(stopAt)) {
+				mu.Lock()
+				if empty {
+					mu.Unlock()
+					return
 				}
-				others := busy.Add(-1)
+				gen := finished
+				busy++
+				mu.Unlock()
+
+				res, err := d.RunOnce(ctx)
+
+				mu.Lock()
+				busy--
+				if res.Claimed > 0 {
+					finished++
+				}
+				if err == nil && res.Claimed == 0 {
+					// Nothing claimable now. If another batch is in flight,
+					// wait for it: it frees its aggregates' next events.
+					// (Claiming again at once would only re-scan the
+					// waiting events.) Empty when nothing was in flight or
+					// finished since our claim began.
+					for busy > 0 && finished == gen && !empty {
+						cond.Wait()
+					}
+					if busy == 0 && finished == gen {
+						empty = true
+					}
+				}
+				mu.Unlock()
+				cond.Broadcast()
 				if err != nil {
 					if ctx.Err() == nil {
 						errOnce.Do(func() { firstErr = err })
 					}
-					empty.Store(true)
+					stop()
 					return
-				}
-				if res.Claimed == 0 {
-					// Empty only if no batch was in flight or finished while
-					// we claimed: a finished batch may have freed new heads.
-					if others == 0 && finished.Load() == gen {
-						empty.Store(true)
-						return
-					}
-					// Another worker's batch will free its aggregates' next events.
-					time.Sleep(time.Millisecond)
 				}
 			}
 		}()
