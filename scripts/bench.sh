@@ -16,8 +16,11 @@ trap '[ "$started" = 1 ] && ./localstack/emulator.sh stop >/dev/null 2>&1 || tru
 source ./localstack/env.sh
 quiet() { grep -v -e 'migration applied' -e '^emulatortest:' || true; }
 
-echo "==> outbox dispatcher vs the raw SQL limit (PostgreSQL, in-process publisher)"
-go test -run '^$' -bench 'BenchmarkDispatch$' -benchtime 100000x -timeout 30m ./pkg/outbox/ | quiet
+echo "==> outbox dispatcher vs the raw SQL limit (PostgreSQL, in-process publisher), QueryExecModeExec (as through RDS Proxy)"
+go test -count=1 -run '^$' -bench 'BenchmarkDispatch$' -benchtime 100000x -timeout 30m ./pkg/outbox/ | quiet
+
+echo "==> the same with cached prepared statements (pgx default; a direct connection without a proxy)"
+FIFOBOX_TEST_QUERY_MODE=cache go test -count=1 -run '^$' -bench 'BenchmarkDispatch$' -benchtime 100000x -timeout 30m ./pkg/outbox/ | quiet
 
 echo "==> end to end through the emulator: dispatcher vs raw PublishBatch"
 go test -run '^$' -bench 'BenchmarkThroughEmulator' -benchtime 20000x -timeout 30m ./pkg/outbox/snspub/ | quiet

@@ -107,7 +107,12 @@ func NewEmpty(tb testing.TB) *DB {
 	// The Lambdas talk to RDS Proxy in QueryExecModeExec (pkg/db): test every
 	// query in that mode too, so a parameter that only encodes correctly with
 	// a described statement fails here rather than in production.
+	// FIFOBOX_TEST_QUERY_MODE=cache selects pgx's default (cached prepared
+	// statements, for a direct connection) to benchmark that setup.
 	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	if os.Getenv("FIFOBOX_TEST_QUERY_MODE") == "cache" {
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheStatement
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		tb.Fatalf("pgtest: pool: %v", err)
