@@ -179,11 +179,14 @@ type Dispatcher struct {
 	mu  sync.Mutex
 	rnd *rand.Rand
 
-	// claimMu serialises this process's claims; publishing and marking of
-	// other batches still overlap them. cursor is the highest id claimed in
-	// the current sweep.
+	// claimMu guards the claim cursor: where the next claim starts in the
+	// current sweep (0: from the beginning), and span, the id range the last
+	// full batch covered.
 	claimMu sync.Mutex
 	cursor  int64
+	span    int64
+	// claimSlots bounds concurrent claims to two.
+	claimSlots chan struct{}
 
 	claimed, sent, retried, dead, lost atomic.Int64
 }
@@ -202,7 +205,8 @@ func NewDispatcher(db DB, pub Publisher, cfg DispatcherConfig) (*Dispatcher, err
 	}
 	return &Dispatcher{
 		db: db, pub: pub, cfg: cfg, log: cfg.Logger,
-		rnd: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+		rnd:        rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+		claimSlots: make(chan struct{}, 2),
 	}, nil
 }
 
@@ -395,29 +399,47 @@ func (d *Dispatcher) stopAt(ctx context.Context) (time.Time, bool) {
 	return dl.Add(-d.cfg.DeadlineMargin), true
 }
 
+// claim takes the next batch. The claim is the costliest statement, so two
+// workers of one dispatcher may claim at once: a claim starts where the one
+// before it is expected to end (its start plus the id span of the last full
+// batch), so the two rarely scan the same rows. More than two would mostly
+// start past the end of the claimable rows and collide when they wrap. A
+// wrong guess costs only rows read (SKIP LOCKED and the lease filter pass
+// over rows another claim took); correctness rests on the claim query alone.
 func (d *Dispatcher) claim(ctx context.Context, token uuid.UUID) ([]Message, error) {
+	d.claimSlots <- struct{}{}
+	defer func() { <-d.claimSlots }()
 	d.claimMu.Lock()
-	defer d.claimMu.Unlock()
-	msgs, err := d.claimAfter(ctx, token, d.cursor, d.cfg.BatchSize)
+	from := d.cursor
+	if from > 0 {
+		d.cursor = from + d.span
+	}
+	d.claimMu.Unlock()
+
+	msgs, err := d.claimAfter(ctx, token, from, d.cfg.BatchSize)
 	if err != nil {
 		return nil, err
 	}
-	if len(msgs) < d.cfg.BatchSize && d.cursor > 0 {
+	if len(msgs) < d.cfg.BatchSize && from > 0 {
 		// The sweep reached the end: start over from the beginning, where
 		// retries and newly unblocked heads wait, and fill the batch.
 		more, err := d.claimAfter(ctx, token, 0, d.cfg.BatchSize-len(msgs))
-		if err != nil {
-			// The first part is claimed; publish it rather than wait for its lease.
-			d.cursor = 0
-			return msgs, nil
+		if err == nil {
+			msgs = append(msgs, more...)
 		}
-		msgs = append(msgs, more...)
-		d.cursor = 0
+		// On error the first part is claimed: publish it rather than wait
+		// for its lease.
 	}
+
+	d.claimMu.Lock()
+	defer d.claimMu.Unlock()
 	if len(msgs) == d.cfg.BatchSize {
+		var lo, hi int64 = msgs[0].ID, msgs[0].ID
 		for _, m := range msgs {
-			d.cursor = max(d.cursor, m.ID)
+			lo, hi = min(lo, m.ID), max(hi, m.ID)
 		}
+		d.cursor = max(d.cursor, hi)
+		d.span = hi - lo + 1
 	} else {
 		d.cursor = 0
 	}
