@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -29,8 +30,21 @@ func claimRowsReadPerEvent(ctx context.Context, db interface {
 		return 0, fmt.Errorf("explain claim: %w", err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // read-only diagnosis, always rolled back
+	// EXPLAIN cannot see inside a function call: explain the function's body
+	// under the function's own settings instead.
+	var body string
+	var settings []string
+	if err := tx.QueryRow(ctx, sqlClaimFunction).Scan(&body, &settings); err != nil {
+		return 0, fmt.Errorf("explain claim: read outbox_claim: %w", err)
+	}
+	for _, kv := range settings {
+		name, value, _ := strings.Cut(kv, "=")
+		if _, err := tx.Exec(ctx, "SELECT set_config($1, $2, true)", name, value); err != nil {
+			return 0, fmt.Errorf("explain claim: apply %s: %w", kv, err)
+		}
+	}
 	var plan []byte
-	if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+sqlClaim, batch, uuid.New(), int64(60000), int64(0)).Scan(&plan); err != nil {
+	if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+body, int64(batch), uuid.New(), int64(60000), int64(0)).Scan(&plan); err != nil {
 		return 0, fmt.Errorf("explain claim: %w", err)
 	}
 	var doc []struct {

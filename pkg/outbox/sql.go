@@ -23,45 +23,20 @@ SELECT e, ty, at, ai, s, NULLIF(te, ''), NULLIF(tp, ''), o, b
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::bigint[],
             $6::text[], $7::text[], $8::timestamptz[], $9::bytea[]) AS u(e, ty, at, ai, s, te, tp, o, b)`
 
-// sqlClaim is the dispatcher's claim query. It takes, in id order, pending
-// rows that are due and are the head of their aggregate: no earlier event of
-// the same aggregate is unsent (pending, claimed, retrying or dead). Claiming
-// stamps a claim token and leases the row by pushing next_attempt_at to the
-// lease end; the row stays 'pending', so the next event of its aggregate stays
-// blocked until this one is marked sent. A crashed dispatcher's rows become
-// due again when the lease ends.
+// sqlClaim is the dispatcher's claim: the SQL is the outbox_claim function in
+// migrations/00006_outbox_claim_function.sql, which explains the ordering
+// design and why a function (it pins the plan shape, so a claim reads
+// O(batch) rows even with stale planner statistics).
 //
-// $4 is a keyset cursor: the scan starts after the last row this dispatcher
-// claimed, so consecutive claims do not re-read rows still in flight. The
-// dispatcher resets it to 0 when a sweep reaches the end; correctness never
-// depends on it, only the number of rows a claim reads.
-//
-// $1 batch size, $2 claim token, $3 lease in milliseconds, $4 cursor.
-const sqlClaim = `
-WITH heads AS (
-    SELECT o.id
-    FROM outbox o
-    WHERE o.state = 'pending'
-      AND o.id > $4
-      AND o.next_attempt_at <= now()
-      AND NOT EXISTS (
-          SELECT 1 FROM outbox p
-          WHERE p.aggregate_type = o.aggregate_type
-            AND p.aggregate_id = o.aggregate_id
-            AND p.aggregate_seq < o.aggregate_seq
-            AND p.state <> 'sent')
-    ORDER BY o.id
-    LIMIT $1
-    FOR UPDATE OF o SKIP LOCKED
-)
-UPDATE outbox t
-SET attempts = t.attempts + 1,
-    claim_token = $2,
-    next_attempt_at = now() + make_interval(secs => $3::bigint / 1000.0)
-FROM heads
-WHERE t.id = heads.id
-RETURNING t.id, t.event_id::text, t.aggregate_type, t.aggregate_id, t.aggregate_seq,
-          t.event_type, coalesce(t.tenant_id, ''), coalesce(t.traceparent, ''), t.attempts, t.body`
+// $1 batch size, $2 claim token, $3 lease in milliseconds, $4 keyset cursor
+// (the last id this dispatcher claimed in the current sweep, 0 to start over).
+const sqlClaim = `SELECT * FROM outbox_claim($1::bigint, $2::uuid, $3::bigint, $4::bigint)`
+
+// sqlClaimFunction reads the claim function's body and settings, so
+// diagnostics can EXPLAIN exactly what it runs.
+const sqlClaimFunction = `
+SELECT prosrc, coalesce(proconfig, '{}')
+FROM pg_proc WHERE oid = 'outbox_claim(bigint, uuid, bigint, bigint)'::regprocedure`
 
 // sqlMark records publish outcomes for a claimed batch in one statement. Only
 // rows still holding this claim's token are touched: if the lease expired and

@@ -43,6 +43,7 @@ func BenchmarkThroughEmulator(b *testing.B) {
 			body, _ := makeEvent("order", "order-000000", 0).Encode()
 			attrs := makeEvent("order", "order-000000", 0).Attributes()
 			calls := (b.N + 9) / 10
+			groups := max(b.N/benchEventsPerAggregate(), 1) // the dispatcher case's aggregates
 			var next atomic.Int64
 			var wg sync.WaitGroup
 			b.ResetTimer()
@@ -61,7 +62,7 @@ func BenchmarkThroughEmulator(b *testing.B) {
 							n := c*10 + i
 							entries = append(entries, snstypes.PublishBatchRequestEntry{
 								Id: aws.String(strconv.Itoa(i)), Message: aws.String(string(body)),
-								MessageGroupId: aws.String(fmt.Sprintf("order-%06d", n%1000)), MessageDeduplicationId: aws.String(fmt.Sprintf("raw-%d", n)),
+								MessageGroupId: aws.String(fmt.Sprintf("order-%06d", n%groups)), MessageDeduplicationId: aws.String(fmt.Sprintf("raw-%d", n)),
 								MessageAttributes: snsAttrs(attrs),
 							})
 						}
