@@ -84,12 +84,22 @@ func benchBatch() int {
 	return 1000
 }
 
+// benchWorkers is the dispatcher's Workers in the benchmark: the default
+// unless FIFOBOX_BENCH_WORKERS says otherwise.
+func benchWorkers() int {
+	if n, _ := strconv.Atoi(os.Getenv("FIFOBOX_BENCH_WORKERS")); n > 0 {
+		return n
+	}
+	var c DispatcherConfig
+	c.setDefaults()
+	return c.Workers
+}
+
 var instant = PublisherFunc(func(ctx context.Context, msgs []Message) []error { return make([]error, len(msgs)) })
 
 func drain(tb testing.TB, pool *pgxpool.Pool, want int) {
 	tb.Helper()
-	workers, _ := strconv.Atoi(os.Getenv("FIFOBOX_BENCH_WORKERS")) // 0: the default
-	d, err := NewDispatcher(pool, instant, DispatcherConfig{BatchSize: benchBatch(), Workers: workers})
+	d, err := NewDispatcher(pool, instant, DispatcherConfig{BatchSize: benchBatch(), Workers: benchWorkers()})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -202,7 +212,7 @@ func printBenchTable() {
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, "\ncase\tevents/s\tratio\ttarget\t")
 	fmt.Fprintf(w, "raw SQL claim+mark (1 statement, batch 500)\t%.0f\t1.00\t\t\n", raw)
-	fmt.Fprintf(w, "dispatcher (batch %d, 2 workers), instant publisher, empty table\t%.0f\t%.2f x raw\t>= 0.50\t\n", benchBatch(), disp, disp/raw)
+	fmt.Fprintf(w, "dispatcher (batch %d, %d workers), instant publisher, empty table\t%.0f\t%.2f x raw\t>= 0.50\t\n", benchBatch(), benchWorkers(), disp, disp/raw)
 	if disp1M > 0 {
 		fmt.Fprintf(w, "dispatcher, 1,000,000 sent rows in table\t%.0f\t%.2f x empty\t>= 0.90\t\n", disp1M, disp1M/disp)
 	}

@@ -35,7 +35,9 @@ type DispatcherConfig struct {
 	// PublishConcurrency is how many Publish calls of one batch run at once. Default 16.
 	PublishConcurrency int
 	// Workers is how many claim-publish-mark loops Drain and Run keep going at
-	// once, so one batch's publishing overlaps the next one's claim. Default 2.
+	// once, so batches publish while others are claimed and marked. Default
+	// 4; at most two of a dispatcher's statements run at once whatever the
+	// number, so more workers add publishing overlap, not database load.
 	Workers int
 	// PollInterval is the pause between claims when nothing is due. Default
 	// 25ms: it bounds commit-to-publish latency (see make bench), and an idle
@@ -76,7 +78,7 @@ func (c *DispatcherConfig) setDefaults() {
 	def(&c.BatchSize, 500)
 	def(&c.PublishBatchSize, 10)
 	def(&c.PublishConcurrency, 16)
-	def(&c.Workers, 2)
+	def(&c.Workers, 4)
 	def(&c.MaxAttempts, 10)
 	defd(&c.PollInterval, 25*time.Millisecond)
 	defd(&c.BackoffBase, time.Second)
@@ -185,8 +187,10 @@ type Dispatcher struct {
 	claimMu sync.Mutex
 	cursor  int64
 	span    int64
-	// claimSlots bounds concurrent claims to two.
-	claimSlots chan struct{}
+	// dbSlots bounds this dispatcher's concurrent statements (claims and
+	// marks) to two: more batches may be publishing at once (Workers), but
+	// more statements at once only contend for the database's CPU.
+	dbSlots chan struct{}
 
 	claimed, sent, retried, dead, lost atomic.Int64
 }
@@ -205,8 +209,8 @@ func NewDispatcher(db DB, pub Publisher, cfg DispatcherConfig) (*Dispatcher, err
 	}
 	return &Dispatcher{
 		db: db, pub: pub, cfg: cfg, log: cfg.Logger,
-		rnd:        rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
-		claimSlots: make(chan struct{}, 2),
+		rnd:     rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+		dbSlots: make(chan struct{}, 2),
 	}, nil
 }
 
@@ -400,15 +404,14 @@ func (d *Dispatcher) stopAt(ctx context.Context) (time.Time, bool) {
 }
 
 // claim takes the next batch. The claim is the costliest statement, so two
-// workers of one dispatcher may claim at once: a claim starts where the one
-// before it is expected to end (its start plus the id span of the last full
-// batch), so the two rarely scan the same rows. More than two would mostly
-// start past the end of the claimable rows and collide when they wrap. A
-// wrong guess costs only rows read (SKIP LOCKED and the lease filter pass
-// over rows another claim took); correctness rests on the claim query alone.
+// workers of one dispatcher may claim at once (see dbSlots): a claim starts
+// where the one before it is expected to end (its start plus the id span of
+// the last full batch), so the two rarely scan the same rows. A wrong guess
+// costs only rows read (SKIP LOCKED and the lease filter pass over rows
+// another claim took); correctness rests on the claim query alone.
 func (d *Dispatcher) claim(ctx context.Context, token uuid.UUID) ([]Message, error) {
-	d.claimSlots <- struct{}{}
-	defer func() { <-d.claimSlots }()
+	d.dbSlots <- struct{}{}
+	defer func() { <-d.dbSlots }()
 	d.claimMu.Lock()
 	from := d.cursor
 	if from > 0 {
@@ -519,6 +522,7 @@ func (d *Dispatcher) mark(ctx context.Context, ids []int64, outcomes []string, d
 		if attempt > 0 {
 			time.Sleep(time.Duration(attempt*attempt) * 100 * time.Millisecond)
 		}
+		d.dbSlots <- struct{}{}
 		mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		var tag pgconn.CommandTag
 		var err error
@@ -528,6 +532,7 @@ func (d *Dispatcher) mark(ctx context.Context, ids []int64, outcomes []string, d
 			tag, err = d.db.Exec(mctx, sqlMark, ids, outcomes, delays, texts, token)
 		}
 		cancel()
+		<-d.dbSlots
 		if err == nil {
 			return tag.RowsAffected(), nil
 		}
