@@ -18,16 +18,15 @@ import (
 	"github.com/aws/aws-lambda-go/lambda"
 
 	"github.com/fifobox/fifobox/pkg/awsclient"
-	"github.com/fifobox/fifobox/pkg/db"
 	"github.com/fifobox/fifobox/pkg/inbox"
+	"github.com/fifobox/fifobox/pkg/lambdafn"
 	"github.com/fifobox/fifobox/pkg/lambdafn/consumer"
 	"github.com/fifobox/fifobox/pkg/metrics"
 	"github.com/fifobox/fifobox/pkg/readmodel"
 )
 
 func main() {
-	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	slog.SetDefault(log)
+	log := lambdafn.Logger()
 	h, err := setup(context.Background(), log)
 	if err != nil {
 		log.Error("consumer init failed", "error", err.Error())
@@ -42,15 +41,7 @@ func setup(ctx context.Context, log *slog.Logger) (*inbox.Handler, error) {
 		return nil, err
 	}
 	cfg.Logger = log
-	dbc, err := db.FromEnv()
-	if err != nil {
-		return nil, err
-	}
-	awsCfg, err := awsclient.Load(ctx)
-	if err != nil {
-		return nil, err
-	}
-	pool, err := db.Open(ctx, dbc, awsCfg.Credentials)
+	pool, awsCfg, err := lambdafn.Connect(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -14,21 +14,19 @@ package main
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"os"
 
 	"github.com/aws/aws-lambda-go/lambda"
 
 	"github.com/fifobox/fifobox/pkg/awsclient"
-	"github.com/fifobox/fifobox/pkg/db"
+	"github.com/fifobox/fifobox/pkg/lambdafn"
 	"github.com/fifobox/fifobox/pkg/lambdafn/dispatcher"
 	"github.com/fifobox/fifobox/pkg/metrics"
 	"github.com/fifobox/fifobox/pkg/outbox/snspub"
 )
 
 func main() {
-	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	slog.SetDefault(log)
+	log := lambdafn.Logger()
 	h, err := setup(context.Background())
 	if err != nil {
 		log.Error("dispatcher init failed", "error", err.Error())
@@ -46,15 +44,7 @@ func setup(ctx context.Context) (*dispatcher.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	dbc, err := db.FromEnv()
-	if err != nil {
-		return nil, err
-	}
-	awsCfg, err := awsclient.Load(ctx)
-	if err != nil {
-		return nil, err
-	}
-	pool, err := db.Open(ctx, dbc, awsCfg.Credentials)
+	pool, awsCfg, err := lambdafn.Connect(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -20,13 +20,12 @@ import (
 	"github.com/aws/aws-lambda-go/lambdacontext"
 
 	"github.com/fifobox/fifobox/pkg/awsclient"
-	"github.com/fifobox/fifobox/pkg/db"
+	"github.com/fifobox/fifobox/pkg/lambdafn"
 	"github.com/fifobox/fifobox/pkg/redrive"
 )
 
 func main() {
-	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	slog.SetDefault(log)
+	log := lambdafn.Logger()
 	svc, err := setup(context.Background(), log)
 	if err != nil {
 		log.Error("redrive init failed", "error", err.Error())
@@ -52,15 +51,7 @@ func setup(ctx context.Context, log *slog.Logger) (*redrive.Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	dbc, err := db.FromEnv()
-	if err != nil {
-		return nil, err
-	}
-	awsCfg, err := awsclient.Load(ctx)
-	if err != nil {
-		return nil, err
-	}
-	pool, err := db.Open(ctx, dbc, awsCfg.Credentials)
+	pool, awsCfg, err := lambdafn.Connect(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -410,7 +410,11 @@ func (d *Dispatcher) stopAt(ctx context.Context) (time.Time, bool) {
 // costs only rows read (SKIP LOCKED and the lease filter pass over rows
 // another claim took); correctness rests on the claim query alone.
 func (d *Dispatcher) claim(ctx context.Context, token uuid.UUID) ([]Message, error) {
-	d.dbSlots <- struct{}{}
+	select {
+	case d.dbSlots <- struct{}{}:
+	case <-ctx.Done(): // nothing claimed yet: stopping now leaves nothing half-done
+		return nil, ctx.Err()
+	}
 	defer func() { <-d.dbSlots }()
 	d.claimMu.Lock()
 	from := d.cursor

@@ -33,13 +33,9 @@ type execer interface {
 // params is what the audit records of a command: the selection, never payloads.
 func params(cmd Command) []byte {
 	p := cmd
+	// These have their own columns; empty, they are left out of the JSON.
 	p.Actor, p.RequestID, p.Operation, p.DryRun = "", "", "", false
 	b, _ := json.Marshal(p)
-	var m map[string]any
-	if json.Unmarshal(b, &m) == nil {
-		delete(m, "operation") // its own column
-		b, _ = json.Marshal(m)
-	}
 	return b
 }
 

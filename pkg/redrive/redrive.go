@@ -49,11 +49,13 @@ const (
 	defaultPruneAg = 7 * 24 * time.Hour
 )
 
+const operations = "migrate, status, dead-list, requeue-dead, replay, dlq-redrive, prune"
+
 // Command is one operator request, the JSON the redrive Lambda is invoked
 // with and the CLI builds from its flags.
 type Command struct {
 	// Operation is one of migrate, status, dead-list, requeue-dead, replay, dlq-redrive, prune.
-	Operation string `json:"operation"`
+	Operation string `json:"operation,omitempty"`
 	// Actor says who asked (the CLI sends user@host); recorded in the audit.
 	Actor string `json:"actor,omitempty"`
 	// RequestID correlates the audit row with the Lambda request (set by the Lambda).
@@ -82,7 +84,7 @@ type Command struct {
 
 // Result is an operation's outcome (the Lambda's response; the CLI prints it).
 type Result struct {
-	Operation string `json:"operation"`
+	Operation string `json:"operation,omitempty"`
 	AuditID   int64  `json:"audit_id,omitempty"`
 	DryRun    bool   `json:"dry_run,omitempty"`
 	// Affected counts events or messages touched (or that would be, in a dry run).
@@ -215,9 +217,9 @@ func (s *Service) Execute(ctx context.Context, cmd Command) (Result, error) {
 	case OpPrune:
 		res, err = s.prune(ctx, cmd)
 	case "":
-		return Result{}, errors.New(`operation is required: one of migrate, status, dead-list, requeue-dead, replay, dlq-redrive, prune`)
+		return Result{}, errors.New("operation is required: one of " + operations)
 	default:
-		return Result{}, fmt.Errorf("unknown operation %q: want one of migrate, status, dead-list, requeue-dead, replay, dlq-redrive, prune", cmd.Operation)
+		return Result{}, fmt.Errorf("unknown operation %q: want one of %s", cmd.Operation, operations)
 	}
 	// Dry runs change nothing but are audited too: who looked at moving what.
 	if err == nil && cmd.DryRun && res.AuditID == 0 {
