@@ -9,10 +9,7 @@
 set -euo pipefail
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-ensure_go
-install_tools
-ensure_node
-require_build
+prepare_cdk
 cd "$INFRA"
 if [ "${FIFOBOX_BOOTSTRAP:-0}" = 1 ]; then
   cdk bootstrap "${ASSET_CONTEXT[@]}"

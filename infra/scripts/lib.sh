@@ -53,5 +53,14 @@ require_build() {
   ASSET_CONTEXT=(-c "assetDir=$(cd "$dir" && pwd)")
 }
 
+# prepare_cdk: what the scripts that run cdk/cdklocal need first: Go, the
+# pinned CDK CLI, Node 22 and the Lambda build (sets ASSET_CONTEXT).
+prepare_cdk() {
+  ensure_go
+  install_tools
+  ensure_node
+  require_build
+}
+
 cdk() { "$TOOLS/node_modules/.bin/cdk" --no-notices "$@"; }
 cdklocal() { "$TOOLS/node_modules/.bin/cdklocal" --no-notices "$@"; }

@@ -7,10 +7,7 @@
 set -euo pipefail
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-ensure_go
-install_tools
-ensure_node
-require_build
+prepare_cdk
 cd "$INFRA"
 log "cdk synth (AWS stacks) -> infra/cdk.out"
 cdk synth --quiet -o cdk.out "${ASSET_CONTEXT[@]}" "$@"

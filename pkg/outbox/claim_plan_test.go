@@ -45,44 +45,14 @@ func TestClaimReadsAboutOneRowPerEvent(t *testing.T) {
 	}
 }
 
-// The claim must stay O(batch) when the planner's statistics are stale: the
-// typical case is an outbox last analyzed while nothing was pending, then a
-// burst arrives. Planned as a join, the head check then scanned every unsent
-// row once per candidate (measured: 4.7 s for one 500-row claim over a
-// 20,000-event burst); as a correlated subquery it is one index probe each.
-func TestClaimPlanSurvivesStaleStatistics(t *testing.T) {
-	t.Parallel()
-	db := pgtest.New(t)
-	ctx := context.Background()
-	for _, q := range []string{
-		// Keep autovacuum from fixing the statistics mid-test.
-		"ALTER TABLE outbox SET (autovacuum_enabled = false)",
-		`INSERT INTO outbox (event_id, event_type, aggregate_type, aggregate_id, aggregate_seq, occurred_at, body, state, sent_at)
-		 SELECT gen_random_uuid(), 'order.updated', 'order', 'old-' || g, 1, now(), '{}'::bytea, 'sent', now()
-		 FROM generate_series(1, 20000) g`,
-		"ANALYZE outbox", // statistics say: nothing pending
-		`INSERT INTO outbox (event_id, event_type, aggregate_type, aggregate_id, aggregate_seq, occurred_at, body)
-		 SELECT gen_random_uuid(), 'order.updated', 'order', 'burst-' || (g % 2500), g / 2500 + 1, now(), '{}'::bytea
-		 FROM generate_series(0, 4999) g`,
-	} {
-		if _, err := db.Pool.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	perEvent, err := outbox.ClaimRowsReadPerEvent(ctx, db.Pool, 250)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("claim reads %.2f outbox rows per claimed event with stale statistics", perEvent)
-	if perEvent > 1.5 {
-		t.Fatalf("claim reads %.2f rows per event with stale statistics; want about 1", perEvent)
-	}
-}
-
-// The other stale-statistics shapes: a table never analyzed (new outbox,
-// first burst), and one analyzed while a handful of events were pending.
-// Left to the planner, both sorted a scan of every pending row per claim.
-func TestClaimPlanWithFewOrNoStatistics(t *testing.T) {
+// The claim must stay O(batch) however stale the planner's statistics: an
+// outbox never analyzed (new outbox, first burst), analyzed while nothing was
+// pending (the usual case after an idle spell), or while a handful were.
+// Left to the planner, the first and last sorted a scan of every pending row
+// per claim; the second turned the head check into a join that scanned every
+// unsent row per candidate (measured: 4.7 s for one 500-row claim over a
+// 20,000-event burst).
+func TestClaimPlanWithStaleOrMissingStatistics(t *testing.T) {
 	t.Parallel()
 	for _, pendingAtAnalyze := range []int{-1, 0, 50, 200} {
 		t.Run(fmt.Sprintf("pending-at-analyze-%d", pendingAtAnalyze), func(t *testing.T) {
