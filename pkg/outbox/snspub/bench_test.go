@@ -87,14 +87,7 @@ func BenchmarkThroughEmulator(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			cfg := outbox.DispatcherConfig{PublishConcurrency: benchConcurrency}
-			if v, err := strconv.Atoi(os.Getenv("FIFOBOX_BENCH_WORKERS")); err == nil {
-				cfg.Workers = v
-			}
-			if v, err := strconv.Atoi(os.Getenv("FIFOBOX_BENCH_BATCH")); err == nil {
-				cfg.BatchSize = v
-			}
-			d, err := outbox.NewDispatcher(db.Pool, pub, cfg)
+			d, err := outbox.NewDispatcher(db.Pool, pub, benchDispatcherConfig(outbox.DispatcherConfig{PublishConcurrency: benchConcurrency}))
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -156,14 +149,7 @@ func BenchmarkLatencyAt1000(b *testing.B) {
 		mu.Unlock()
 		return errs
 	})
-	var dcfg outbox.DispatcherConfig
-	if v, err := time.ParseDuration(os.Getenv("FIFOBOX_BENCH_POLL")); err == nil {
-		dcfg.PollInterval = v
-	}
-	if v, err := strconv.Atoi(os.Getenv("FIFOBOX_BENCH_WORKERS")); err == nil {
-		dcfg.Workers = v
-	}
-	d, err := outbox.NewDispatcher(db.Pool, pub, dcfg)
+	d, err := outbox.NewDispatcher(db.Pool, pub, benchDispatcherConfig(outbox.DispatcherConfig{}))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -261,6 +247,21 @@ func enqueueSpread(tb testing.TB, db *pgtest.DB, n, aggs int) {
 			tb.Fatal(err)
 		}
 	}
+}
+
+// benchDispatcherConfig applies the knobs FIFOBOX_BENCH_WORKERS,
+// FIFOBOX_BENCH_BATCH and FIFOBOX_BENCH_POLL (unset: the defaults) to c.
+func benchDispatcherConfig(c outbox.DispatcherConfig) outbox.DispatcherConfig {
+	if v, err := strconv.Atoi(os.Getenv("FIFOBOX_BENCH_WORKERS")); err == nil {
+		c.Workers = v
+	}
+	if v, err := strconv.Atoi(os.Getenv("FIFOBOX_BENCH_BATCH")); err == nil {
+		c.BatchSize = v
+	}
+	if v, err := time.ParseDuration(os.Getenv("FIFOBOX_BENCH_POLL")); err == nil {
+		c.PollInterval = v
+	}
+	return c
 }
 
 // benchEventsPerAggregate is the backlog's depth per aggregate
