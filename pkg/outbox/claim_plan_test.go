@@ -122,3 +122,47 @@ func functionFetchesPerEvent(t *testing.T, db *pgtest.DB, batch int) float64 {
 	}
 	return fetched / float64(claimed)
 }
+
+// A claim rewrites each row it takes (token, lease, attempts), none of them
+// indexed, so with enough free space on the page PostgreSQL writes the new
+// version beside the old one (a HOT update) and touches no index. Claims
+// take consecutive rows, so a page needs as much free space as its rows use:
+// the outbox's fillfactor of 50 (migration 00007). At 70, 45% of a claim's
+// updates were HOT and the dispatcher moved 30% fewer events per second.
+func TestClaimUpdatesAreHOT(t *testing.T) {
+	t.Parallel()
+	for _, bodyBytes := range []int{64, 450, 1800} {
+		t.Run(fmt.Sprintf("body-%d-bytes", bodyBytes), func(t *testing.T) {
+			t.Parallel()
+			db := pgtest.New(t)
+			ctx := context.Background()
+			if _, err := db.Pool.Exec(ctx, `
+				INSERT INTO outbox (event_id, event_type, aggregate_type, aggregate_id, aggregate_seq, occurred_at, body)
+				SELECT gen_random_uuid(), 'order.updated', 'order', 'hot-' || g, 1, now(), convert_to(repeat('x', $1), 'UTF8')
+				FROM generate_series(1, 2000) g`, bodyBytes); err != nil {
+				t.Fatal(err)
+			}
+			tx, err := db.Pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(ctx) //nolint:errcheck
+			var claimed int
+			if err := tx.QueryRow(ctx, "SELECT count(*) FROM outbox_claim(1000, gen_random_uuid(), 60000, 0)").Scan(&claimed); err != nil {
+				t.Fatal(err)
+			}
+			var upd, hot int
+			if err := tx.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd
+				FROM pg_stat_xact_user_tables WHERE relid = 'outbox'::regclass`).Scan(&upd, &hot); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("claimed %d: %d updates, %d HOT", claimed, upd, hot)
+			if claimed != 1000 || upd != claimed {
+				t.Fatalf("claimed %d rows with %d updates; want 1000 of each", claimed, upd)
+			}
+			if hot < claimed {
+				t.Fatalf("%d of %d claim updates were HOT; want all (not enough free space on the outbox's pages)", hot, upd)
+			}
+		})
+	}
+}
