@@ -36,8 +36,11 @@ func BenchmarkThroughEmulator(b *testing.B) {
 	topo := topology.Default()
 	var raw, disp float64
 	// Interleaved rounds, best of each: the emulator's rate drifts on a
-	// shared machine, and both sides must see the same conditions.
-	for round := 0; round < 3; round++ {
+	// shared machine, and both sides must see the same conditions. Round 0
+	// only warms up: a freshly started emulator runs ~30 % slower until
+	// Node has compiled its hot paths.
+	for round := 0; round <= 3; round++ {
+		warm := round == 0
 		b.Run("raw-PublishBatch", func(b *testing.B) {
 			env := emulatortest.New(b, topo, 0)
 			body, _ := makeEvent("order", "order-000000", 0).Encode()
@@ -76,7 +79,9 @@ func BenchmarkThroughEmulator(b *testing.B) {
 			}
 			wg.Wait()
 			r := float64(b.N) / time.Since(start).Seconds()
-			raw = max(raw, r)
+			if !warm {
+				raw = max(raw, r)
+			}
 			b.ReportMetric(r, "events/s")
 		})
 		b.Run("dispatcher", func(b *testing.B) {
@@ -101,12 +106,15 @@ func BenchmarkThroughEmulator(b *testing.B) {
 			if tot := d.Totals(); tot.Sent != int64(b.N) {
 				b.Fatalf("sent %d of %d", tot.Sent, b.N)
 			}
-			disp = max(disp, r)
+			if !warm {
+				disp = max(disp, r)
+			}
 			b.ReportMetric(r, "events/s")
 		})
 	}
 	if raw > 0 && disp > 0 {
-		fmt.Printf("\n%-44s %12s\n", "through the emulator (3 subscribed queues, best of 3)", "events/s")
+		fmt.Printf("\nthrough the emulator (3 subscribed queues; best of 3 rounds after a warm-up round)\n")
+		fmt.Printf("%-44s %12s\n", "", "events/s")
 		fmt.Printf("%-44s %12.0f\n", "raw PublishBatch (10/call, 16 concurrent)", raw)
 		fmt.Printf("%-44s %12.0f\n", "dispatcher: outbox -> SNS FIFO (Drain)", disp)
 		fmt.Printf("%-44s %11.0f%%   (target >= 80%%)\n\n", "dispatcher / raw", 100*disp/raw)
