@@ -425,17 +425,20 @@ func (d *Dispatcher) claim(ctx context.Context, token uuid.UUID) ([]Message, err
 
 	msgs, err := d.claimAfter(ctx, token, from, d.cfg.BatchSize)
 	if err != nil {
+		d.resetCursor()
 		return nil, err
 	}
 	if len(msgs) < d.cfg.BatchSize && from > 0 {
 		// The sweep reached the end: start over from the beginning, where
 		// retries and newly unblocked heads wait, and fill the batch.
 		more, err := d.claimAfter(ctx, token, 0, d.cfg.BatchSize-len(msgs))
-		if err == nil {
-			msgs = append(msgs, more...)
+		if err != nil && len(msgs) == 0 {
+			d.resetCursor()
+			return nil, err
 		}
 		// On error the first part is claimed: publish it rather than wait
 		// for its lease.
+		msgs = append(msgs, more...)
 	}
 
 	d.claimMu.Lock()
@@ -451,6 +454,12 @@ func (d *Dispatcher) claim(ctx context.Context, token uuid.UUID) ([]Message, err
 		d.cursor = 0
 	}
 	return msgs, nil
+}
+
+func (d *Dispatcher) resetCursor() {
+	d.claimMu.Lock()
+	d.cursor = 0
+	d.claimMu.Unlock()
 }
 
 func (d *Dispatcher) claimAfter(ctx context.Context, token uuid.UUID, after int64, limit int) ([]Message, error) {

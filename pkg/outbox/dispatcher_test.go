@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/fifobox/fifobox/internal/pgtest"
 	"github.com/fifobox/fifobox/pkg/envelope"
@@ -457,4 +460,47 @@ func TestDrainEmptiesDeepAggregates(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A claim that reaches the end of its sweep starts over from the beginning.
+// If that second claim fails and nothing was claimed, the failure must
+// surface: reported as "nothing due", it would end a Drain early and hide a
+// broken database.
+func TestClaimRestartFailureIsReported(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	var evs []envelope.Envelope
+	for a := 0; a < 5; a++ {
+		evs = append(evs, event(fmt.Sprintf("restart-%d", a), 1))
+	}
+	enqueue(t, db.Pool, evs...)
+	fdb := &failRestartDB{DB: db.Pool}
+	d := newDispatcher(t, fdb, &outboxtest.Recorder{}, outbox.DispatcherConfig{BatchSize: 5, Workers: 1})
+	if res, err := d.RunOnce(context.Background()); err != nil || res.Claimed != 5 {
+		t.Fatalf("first batch: %+v, %v; want 5 claimed", res, err) // a full batch: the next claim starts after it
+	}
+	fdb.armed.Store(true)
+	res, err := d.RunOnce(context.Background())
+	if err == nil {
+		t.Fatalf("second batch: %+v, nil error; want the failed restart claim's error", res)
+	}
+	if !errors.Is(err, errRestart) {
+		t.Fatalf("second batch error %v; want it to wrap %v", err, errRestart)
+	}
+}
+
+var errRestart = errors.New("injected: claim from the beginning failed")
+
+// failRestartDB fails, once armed, every claim that starts from the
+// beginning of the outbox (cursor 0).
+type failRestartDB struct {
+	outbox.DB
+	armed atomic.Bool
+}
+
+func (f *failRestartDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if f.armed.Load() && strings.Contains(sql, "outbox_claim") && len(args) == 4 && args[3] == int64(0) {
+		return nil, errRestart
+	}
+	return f.DB.Query(ctx, sql, args...)
 }
