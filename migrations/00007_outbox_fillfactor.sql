@@ -7,7 +7,7 @@
 -- which touches no index. At fillfactor 70 (00001) a 600-byte event left room
 -- for 4 of the 9 rows on a page: 45% of claim updates were HOT, the rest
 -- inserted into all four indexes. At 50 every claim update is HOT; measured
--- on 100,000 events: dispatcher 37,500 -> 52,000 events/s (make bench). The
+-- on 100,000 events: dispatcher ~37,500 -> ~50,000 events/s (make bench). The
 -- cost is disk: the outbox takes about 1.4x the space of fillfactor 70 until
 -- retention prunes sent rows. Only pages written from now on are affected.
 ALTER TABLE outbox SET (fillfactor = 50);
