@@ -14,6 +14,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sns"
 	snstypes "github.com/aws/aws-sdk-go-v2/service/sns/types"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fifobox/fifobox/internal/emulatortest"
@@ -35,6 +37,10 @@ const benchConcurrency = 16 // the dispatcher's default PublishConcurrency
 func BenchmarkThroughEmulator(b *testing.B) {
 	topo := topology.Default()
 	var raw, disp float64
+	// deliveries[side] is the last round's queued messages per event: both
+	// sides must cost the emulator the same fan-out, or the ratio compares
+	// different work.
+	deliveries := map[string]float64{}
 	// Interleaved rounds, best of each: the emulator's rate drifts on a
 	// shared machine, and both sides must see the same conditions. Round 0
 	// only warms up: a freshly started emulator runs ~30 % slower until
@@ -43,10 +49,20 @@ func BenchmarkThroughEmulator(b *testing.B) {
 		warm := round == 0
 		b.Run("raw-PublishBatch", func(b *testing.B) {
 			env := emulatortest.New(b, topo, 0)
-			body, _ := makeEvent("order", "order-000000", 0).Encode()
-			attrs := makeEvent("order", "order-000000", 0).Attributes()
+			// The very events the dispatcher case enqueues (same types, so
+			// the same fan-out to the filtered queues, same sizes), encoded
+			// beforehand as the outbox stores them.
+			evs := spreadEvents(b.N, max(b.N/benchEventsPerAggregate(), 1))
+			bodies := make([]string, len(evs))
+			attrs := make([]map[string]string, len(evs))
+			for i, e := range evs {
+				body, err := e.Encode()
+				if err != nil {
+					b.Fatal(err)
+				}
+				bodies[i], attrs[i] = string(body), e.Attributes()
+			}
 			calls := (b.N + 9) / 10
-			groups := max(b.N/benchEventsPerAggregate(), 1) // the dispatcher case's aggregates
 			var next atomic.Int64
 			var wg sync.WaitGroup
 			b.ResetTimer()
@@ -64,9 +80,9 @@ func BenchmarkThroughEmulator(b *testing.B) {
 						for i := 0; i < 10 && c*10+i < b.N; i++ {
 							n := c*10 + i
 							entries = append(entries, snstypes.PublishBatchRequestEntry{
-								Id: aws.String(strconv.Itoa(i)), Message: aws.String(string(body)),
-								MessageGroupId: aws.String(fmt.Sprintf("order-%06d", n%groups)), MessageDeduplicationId: aws.String(fmt.Sprintf("raw-%d", n)),
-								MessageAttributes: snsAttrs(attrs),
+								Id: aws.String(strconv.Itoa(i)), Message: aws.String(bodies[n]),
+								MessageGroupId: aws.String(evs[n].AggregateID), MessageDeduplicationId: aws.String(evs[n].ID),
+								MessageAttributes: snsAttrs(attrs[n]),
 							})
 						}
 						out, err := env.SNS.PublishBatch(context.Background(), &sns.PublishBatchInput{TopicArn: aws.String(env.TopicARN), PublishBatchRequestEntries: entries})
@@ -79,6 +95,8 @@ func BenchmarkThroughEmulator(b *testing.B) {
 			}
 			wg.Wait()
 			r := float64(b.N) / time.Since(start).Seconds()
+			b.StopTimer()
+			deliveries["raw"] = queued(b, env) / float64(b.N)
 			if !warm {
 				raw = max(raw, r)
 			}
@@ -106,11 +124,16 @@ func BenchmarkThroughEmulator(b *testing.B) {
 			if tot := d.Totals(); tot.Sent != int64(b.N) {
 				b.Fatalf("sent %d of %d", tot.Sent, b.N)
 			}
+			deliveries["dispatcher"] = queued(b, env) / float64(b.N)
 			if !warm {
 				disp = max(disp, r)
 			}
 			b.ReportMetric(r, "events/s")
 		})
+	}
+	if deliveries["raw"] != deliveries["dispatcher"] {
+		b.Errorf("unequal work: raw fanned out %.2f messages per event to the queues, the dispatcher %.2f",
+			deliveries["raw"], deliveries["dispatcher"])
 	}
 	if raw > 0 && disp > 0 {
 		fmt.Printf("\nthrough the emulator (3 subscribed queues; best of 3 rounds after a warm-up round)\n")
@@ -230,6 +253,26 @@ func BenchmarkLatencyAt1000(b *testing.B) {
 		pct(0.50), pct(0.95), pct(0.99), float64(lat[len(lat)-1].Microseconds())/1000)
 }
 
+// queued sums the messages waiting in env's queues (not their DLQs).
+func queued(tb testing.TB, env *emulatortest.Env) float64 {
+	tb.Helper()
+	n := 0
+	for name, q := range env.Queues {
+		out, err := env.SQS.GetQueueAttributes(context.Background(), &sqs.GetQueueAttributesInput{
+			QueueUrl: aws.String(q.URL), AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameApproximateNumberOfMessages},
+		})
+		if err != nil {
+			tb.Fatalf("queue %s attributes: %v", name, err)
+		}
+		v, err := strconv.Atoi(out.Attributes[string(sqstypes.QueueAttributeNameApproximateNumberOfMessages)])
+		if err != nil {
+			tb.Fatalf("queue %s ApproximateNumberOfMessages: %v", name, err)
+		}
+		n += v
+	}
+	return float64(n)
+}
+
 func snsAttrs(a map[string]string) map[string]snstypes.MessageAttributeValue {
 	out := make(map[string]snstypes.MessageAttributeValue, len(a))
 	for k, v := range a {
@@ -238,19 +281,28 @@ func snsAttrs(a map[string]string) map[string]snstypes.MessageAttributeValue {
 	return out
 }
 
-// enqueueSpread enqueues n order events over aggs aggregates in
-// transactions of 500.
+// spreadEvents returns n order events over aggs aggregates, round robin, so
+// each aggregate's events walk orderFlow (created, paid, ...): the mix of
+// types decides how many filtered queues each event fans out to.
+func spreadEvents(n, aggs int) []envelope.Envelope {
+	seq := make([]int, aggs)
+	evs := make([]envelope.Envelope, n)
+	for i := range evs {
+		a := i % aggs
+		evs[i] = makeEvent("order", fmt.Sprintf("order-%06d", a), seq[a])
+		seq[a]++
+	}
+	return evs
+}
+
+// enqueueSpread enqueues spreadEvents(n, aggs) in transactions of 500.
 func enqueueSpread(tb testing.TB, db *pgtest.DB, n, aggs int) {
 	tb.Helper()
 	ctx := context.Background()
-	seq := make([]int, aggs)
-	for done := 0; done < n; {
-		batch := make([]envelope.Envelope, 0, 500)
-		for ; done < n && len(batch) < 500; done++ {
-			a := done % aggs
-			batch = append(batch, makeEvent("order", fmt.Sprintf("order-%06d", a), seq[a]))
-			seq[a]++
-		}
+	evs := spreadEvents(n, aggs)
+	for len(evs) > 0 {
+		batch := evs[:min(500, len(evs))]
+		evs = evs[len(batch):]
 		if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error { return outbox.Enqueue(ctx, tx, batch...) }); err != nil {
 			tb.Fatal(err)
 		}
