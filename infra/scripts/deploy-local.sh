@@ -22,7 +22,9 @@ db="${FIFOBOX_LOCAL_DATABASE_URL:-postgres://postgres:postgres@host.docker.inter
 # The emulator must serve CloudFormation (LocalStack and Floci do; fauxqs,
 # the SNS/SQS-only emulator of `make local`, does not). The probe is unsigned
 # apart from a dummy credential scope, which is how emulators route requests.
-if [ "${FIFOBOX_SKIP_EMULATOR_CHECK:-0}" != 1 ] && command -v curl >/dev/null; then
+if [ "${FIFOBOX_SKIP_EMULATOR_CHECK:-0}" != 1 ] && ! command -v curl >/dev/null; then
+  echo "deploy-local: curl not found, so the CloudFormation probe of $AWS_ENDPOINT_URL is skipped" >&2
+elif [ "${FIFOBOX_SKIP_EMULATOR_CHECK:-0}" != 1 ]; then
   probe=$(curl -sS --max-time 5 -H 'Content-Type: application/x-www-form-urlencoded' \
     -H "Authorization: AWS4-HMAC-SHA256 Credential=test/20260101/$AWS_REGION/cloudformation/aws4_request, SignedHeaders=host, Signature=0" \
     -d 'Action=ListStacks&Version=2010-05-15' "$AWS_ENDPOINT_URL/" 2>&1) ||
