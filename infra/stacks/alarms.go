@@ -35,18 +35,18 @@ type alarmSpec struct {
 }
 
 // dispatcherMetric is an EMF gauge the dispatcher emits (dimension Service=dispatcher).
-func dispatcherMetric(name, stat string, period float64) awscloudwatch.Metric {
+func dispatcherMetric(cfg Config, name, stat string, period float64) awscloudwatch.Metric {
 	return awscloudwatch.NewMetric(&awscloudwatch.MetricProps{
-		Namespace: jsii.String(MetricsNamespace), MetricName: jsii.String(name),
+		Namespace: jsii.String(cfg.Namespace()), MetricName: jsii.String(name),
 		DimensionsMap: &map[string]*string{DimService: jsii.String(ServiceDispatcher)},
 		Statistic:     jsii.String(stat), Period: awscdk.Duration_Seconds(jsii.Number(period)),
 	})
 }
 
 // consumerMetric is an EMF metric a consumer emits (dimension Consumer=<name>).
-func consumerMetric(consumer, name, stat string, period float64) awscloudwatch.Metric {
+func consumerMetric(cfg Config, consumer, name, stat string, period float64) awscloudwatch.Metric {
 	return awscloudwatch.NewMetric(&awscloudwatch.MetricProps{
-		Namespace: jsii.String(MetricsNamespace), MetricName: jsii.String(name),
+		Namespace: jsii.String(cfg.Namespace()), MetricName: jsii.String(name),
 		DimensionsMap: &map[string]*string{DimConsumer: jsii.String(consumer)},
 		Statistic:     jsii.String(stat), Period: awscdk.Duration_Seconds(jsii.Number(period)),
 	})
@@ -94,15 +94,15 @@ func newAlarms(stack awscdk.Stack, cfg Config, p *Pipeline) {
 		// deadline). Missing data therefore means the dispatcher is not running
 		// or cannot reach the database: BREACHING, so that silence alarms.
 		{AlarmOldestPendingAge, "Oldest unsent outbox event is older than the threshold (or the dispatcher reports nothing)",
-			dispatcherMetric(MetricOldestPendingAgeSeconds, "Maximum", 60), th.OldestPendingAgeSeconds, 3, awscloudwatch.TreatMissingData_BREACHING},
+			dispatcherMetric(cfg, MetricOldestPendingAgeSeconds, "Maximum", 60), th.OldestPendingAgeSeconds, 3, awscloudwatch.TreatMissingData_BREACHING},
 		{AlarmOutboxBacklog, "Pending outbox events above the threshold (or the dispatcher reports nothing)",
-			dispatcherMetric(MetricOutboxBacklog, "Maximum", 60), th.OutboxBacklog, 3, awscloudwatch.TreatMissingData_BREACHING},
+			dispatcherMetric(cfg, MetricOutboxBacklog, "Maximum", 60), th.OutboxBacklog, 3, awscloudwatch.TreatMissingData_BREACHING},
 		// Dead and parked counts do not go away when the metric stops: keep the
 		// last state (IGNORE); a silent dispatcher is reported by the two above.
 		{AlarmDeadEvents, "Outbox events exhausted their publish attempts (state=dead): inspect with `fifobox dead-list`",
-			dispatcherMetric(MetricDeadEvents, "Maximum", 300), th.DeadEvents, 1, awscloudwatch.TreatMissingData_IGNORE},
+			dispatcherMetric(cfg, MetricDeadEvents, "Maximum", 300), th.DeadEvents, 1, awscloudwatch.TreatMissingData_IGNORE},
 		{AlarmParkedAggregates, "Aggregates are held back behind a dead event: later events of the aggregate are not published",
-			dispatcherMetric(MetricParkedAggregates, "Maximum", 300), th.ParkedAggregates, 1, awscloudwatch.TreatMissingData_IGNORE},
+			dispatcherMetric(cfg, MetricParkedAggregates, "Maximum", 300), th.ParkedAggregates, 1, awscloudwatch.TreatMissingData_IGNORE},
 		// Lambda publishes Errors/Throttles only for invocations that happen; no
 		// data = nothing failed (a dispatcher that never runs trips the backlog
 		// and age alarms instead): NOT_BREACHING.
@@ -121,16 +121,16 @@ func newAlarms(stack awscdk.Stack, cfg Config, p *Pipeline) {
 			// Consumers emit only when they receive messages: an idle consumer
 			// has no lag. A stuck one shows in the queue age alarm.
 			alarmSpec{AlarmConsumerLag + "-" + n, "Consumer " + n + " processes events later than the threshold after they occurred",
-				consumerMetric(n, MetricConsumerLagSeconds, "Maximum", 60), th.ConsumerLagSeconds, 3, awscloudwatch.TreatMissingData_NOT_BREACHING},
+				consumerMetric(cfg, n, MetricConsumerLagSeconds, "Maximum", 60), th.ConsumerLagSeconds, 3, awscloudwatch.TreatMissingData_NOT_BREACHING},
 			alarmSpec{AlarmConsumerFailures + "-" + n, "Consumer " + n + " failed records (retried by SQS, then dead-lettered)",
-				consumerMetric(n, MetricFailures, "Sum", 300), th.ConsumerFailures, 1, awscloudwatch.TreatMissingData_NOT_BREACHING},
+				consumerMetric(cfg, n, MetricFailures, "Sum", 300), th.ConsumerFailures, 1, awscloudwatch.TreatMissingData_NOT_BREACHING},
 			alarmSpec{AlarmConsumerErrors + "-" + n, "Consumer function " + n + " failed whole batches",
 				cr.Function.MetricErrors(minutes(5)), th.ConsumerErrors, 1, awscloudwatch.TreatMissingData_NOT_BREACHING},
 			// Idle queues emit no SQS metrics: missing = nothing waiting.
-			alarmSpec{AlarmQueueAge + "-" + n, "Queue " + cr.Consumer.QueueName() + " holds a message older than the threshold",
+			alarmSpec{AlarmQueueAge + "-" + n, "Queue " + cfg.ResourceName(cr.Consumer.QueueName()) + " holds a message older than the threshold",
 				cr.Queue.MetricApproximateAgeOfOldestMessage(&awscloudwatch.MetricOptions{Statistic: jsii.String("Maximum"), Period: awscdk.Duration_Minutes(jsii.Number(1))}),
 				th.QueueOldestMessageAgeSeconds, 3, awscloudwatch.TreatMissingData_NOT_BREACHING},
-			alarmSpec{AlarmDLQMessages + "-" + n, "Dead-letter queue " + cr.Consumer.DLQName() + " holds messages: inspect, then redrive with `fifobox dlq-redrive`",
+			alarmSpec{AlarmDLQMessages + "-" + n, "Dead-letter queue " + cfg.ResourceName(cr.Consumer.DLQName()) + " holds messages: inspect, then redrive with `fifobox dlq-redrive`",
 				cr.DLQ.MetricApproximateNumberOfMessagesVisible(&awscloudwatch.MetricOptions{Statistic: jsii.String("Maximum"), Period: awscdk.Duration_Minutes(jsii.Number(5))}),
 				th.DLQVisibleMessages, 1, awscloudwatch.TreatMissingData_NOT_BREACHING},
 		)

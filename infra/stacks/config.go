@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 
@@ -108,7 +109,10 @@ type ProxyAttributes struct {
 
 // Config is everything the stacks are parameterised by.
 type Config struct {
-	// Prefix names the stacks (<Prefix>-Stateful, ...) and alarms.
+	// Prefix names the stacks (<Prefix>-Stateful, ...), alarms, dashboard and
+	// key aliases; any prefix but the default also prefixes the topic and
+	// queue names (see ResourceName), so a second deployment in one account
+	// does not collide with the first.
 	Prefix string
 	// Topology is the messaging layout (pkg/topology).
 	Topology topology.Topology
@@ -154,10 +158,38 @@ type Config struct {
 	ExistingProxy *ProxyAttributes
 }
 
+// DefaultPrefix is Config.Prefix unless the context sets "prefix".
+const DefaultPrefix = "Fifobox"
+
+// ResourceName is the physical name of a topic or queue named name in the
+// topology: unchanged for the default prefix (the names the CLI and the local
+// demo look up), else "<lowercased prefix>-<name>".
+func (c Config) ResourceName(name string) string {
+	if c.Prefix == DefaultPrefix {
+		return name
+	}
+	return strings.ToLower(c.Prefix) + "-" + name
+}
+
+// Namespace is the CloudWatch namespace the functions emit to and the alarms
+// read: MetricsNamespace for the default prefix, else "MetricsNamespace/<Prefix>",
+// so two deployments in one account do not feed each other's alarms.
+func (c Config) Namespace() string {
+	if c.Prefix == DefaultPrefix {
+		return MetricsNamespace
+	}
+	return MetricsNamespace + "/" + c.Prefix
+}
+
+// validPrefix: a CloudFormation stack name starts with a letter and holds
+// letters, digits and hyphens; the same characters are valid in topic,
+// queue, alarm and alias names.
+var validPrefix = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9-]*$`)
+
 // DefaultConfig is the configuration `cdk synth` uses without context.
 func DefaultConfig() Config {
 	return Config{
-		Prefix:                        "Fifobox",
+		Prefix:                        DefaultPrefix,
 		Topology:                      topology.Default(),
 		AssetDir:                      "../build/lambda",
 		DatabaseName:                  "fifobox",
@@ -180,6 +212,17 @@ func DefaultConfig() Config {
 func (c Config) Validate() error {
 	if err := c.Topology.Validate(); err != nil {
 		return fmt.Errorf("topology: %w", err)
+	}
+	if !validPrefix.MatchString(c.Prefix) {
+		return fmt.Errorf("prefix %q: must start with a letter and hold only letters, digits and hyphens", c.Prefix)
+	}
+	// SQS caps queue names at 80 characters (".fifo" included).
+	for _, cons := range c.Topology.Consumers {
+		for _, q := range []string{cons.QueueName(), cons.DLQName()} {
+			if n := c.ResourceName(q); len(n) > 80 {
+				return fmt.Errorf("prefix %q: queue name %s is %d characters, SQS allows 80", c.Prefix, n, len(n))
+			}
+		}
 	}
 	for _, fn := range []string{FnDispatcher, FnConsumer, FnRedrive} {
 		p := filepath.Join(c.AssetDir, fn, "bootstrap")

@@ -33,12 +33,12 @@ func newDashboard(stack awscdk.Stack, cfg Config, p *Pipeline) {
 			Title: jsii.String("Alarms"), Alarms: &alarms, Width: jsii.Number(24), Height: jsii.Number(4),
 		})),
 		row(
-			graph("Outbox backlog (pending events)", 6, []awscloudwatch.IMetric{dispatcherMetric(MetricOutboxBacklog, "Maximum", 60)}, jsii.Number(th.OutboxBacklog)),
-			graph("Oldest pending event age (s)", 6, []awscloudwatch.IMetric{dispatcherMetric(MetricOldestPendingAgeSeconds, "Maximum", 60)}, jsii.Number(th.OldestPendingAgeSeconds)),
+			graph("Outbox backlog (pending events)", 6, []awscloudwatch.IMetric{dispatcherMetric(cfg, MetricOutboxBacklog, "Maximum", 60)}, jsii.Number(th.OutboxBacklog)),
+			graph("Oldest pending event age (s)", 6, []awscloudwatch.IMetric{dispatcherMetric(cfg, MetricOldestPendingAgeSeconds, "Maximum", 60)}, jsii.Number(th.OldestPendingAgeSeconds)),
 			graph("Dead events / parked aggregates", 6, []awscloudwatch.IMetric{
-				dispatcherMetric(MetricDeadEvents, "Maximum", 300), dispatcherMetric(MetricParkedAggregates, "Maximum", 300)}, nil),
+				dispatcherMetric(cfg, MetricDeadEvents, "Maximum", 300), dispatcherMetric(cfg, MetricParkedAggregates, "Maximum", 300)}, nil),
 			graph("Published / retries per minute", 6, []awscloudwatch.IMetric{
-				dispatcherMetric(MetricPublished, "Sum", 60), dispatcherMetric(MetricRetries, "Sum", 60)}, nil),
+				dispatcherMetric(cfg, MetricPublished, "Sum", 60), dispatcherMetric(cfg, MetricRetries, "Sum", 60)}, nil),
 		),
 		row(
 			graph("Dispatcher invocations / errors / throttles", 8, []awscloudwatch.IMetric{
@@ -50,10 +50,10 @@ func newDashboard(stack awscdk.Stack, cfg Config, p *Pipeline) {
 	for _, cr := range p.Consumers {
 		n := cr.Consumer.Name
 		widgets = append(widgets, row(
-			graph(n+": lag (s)", 6, []awscloudwatch.IMetric{consumerMetric(n, MetricConsumerLagSeconds, "Maximum", 60)}, jsii.Number(th.ConsumerLagSeconds)),
+			graph(n+": lag (s)", 6, []awscloudwatch.IMetric{consumerMetric(cfg, n, MetricConsumerLagSeconds, "Maximum", 60)}, jsii.Number(th.ConsumerLagSeconds)),
 			graph(n+": processed / duplicates / failures", 6, []awscloudwatch.IMetric{
-				consumerMetric(n, MetricProcessed, "Sum", 60), consumerMetric(n, MetricDuplicates, "Sum", 60),
-				consumerMetric(n, MetricFailures, "Sum", 60), cr.Function.MetricErrors(minutes(1))}, nil),
+				consumerMetric(cfg, n, MetricProcessed, "Sum", 60), consumerMetric(cfg, n, MetricDuplicates, "Sum", 60),
+				consumerMetric(cfg, n, MetricFailures, "Sum", 60), cr.Function.MetricErrors(minutes(1))}, nil),
 			graph(n+": oldest message age (s)", 6, []awscloudwatch.IMetric{
 				cr.Queue.MetricApproximateAgeOfOldestMessage(&awscloudwatch.MetricOptions{Statistic: jsii.String("Maximum")})}, jsii.Number(th.QueueOldestMessageAgeSeconds)),
 			graph(n+": DLQ messages", 6, []awscloudwatch.IMetric{

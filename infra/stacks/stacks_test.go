@@ -918,10 +918,73 @@ func TestConfigValidation(t *testing.T) {
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "make build") {
 		t.Errorf("missing bootstrap: err = %v", err)
 	}
+	for _, prefix := range []string{"", "9lives", "my_app", strings.Repeat("x", 80)} {
+		cfg = testConfig()
+		cfg.Prefix = prefix
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "prefix") {
+			t.Errorf("prefix %q: err = %v, want one naming the prefix", prefix, err)
+		}
+	}
 	cfg = testConfig()
 	cfg.Topology.Consumers[0].VisibilityTimeoutSeconds = 5 * cfg.Topology.Consumers[0].FunctionTimeoutSeconds
 	if err := cfg.Validate(); err == nil {
 		t.Errorf("visibility timeout below 6x the function timeout accepted")
+	}
+}
+
+// A second deployment in the same account (another prefix) must not share a
+// topic, queue or metrics namespace with the first: CloudFormation would
+// refuse the names, or, for metrics, each deployment's alarms would watch
+// the other's dispatcher. The default prefix keeps the topology's names.
+func TestSecondDeploymentNamesAreItsOwn(t *testing.T) {
+	app := newApp(t)
+	cfg := testConfig()
+	cfg.Prefix = "Staging"
+	s, err := stacks.Build(app, cfg, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	staging, def := toTemplate(s.Stateless.Stack), awsStacks(t).stateless
+	top := topology.Default()
+	names := func(tpl template, typ, prop string) map[string]bool {
+		out := map[string]bool{}
+		for _, r := range tpl.resources(typ) {
+			if n, ok := r.Props[prop].(string); ok {
+				out[n] = true
+			}
+		}
+		return out
+	}
+	wantTopics := map[string]bool{"staging-" + top.Topic.Name: true}
+	wantQueues, defQueues := map[string]bool{}, map[string]bool{}
+	for _, c := range top.Consumers {
+		for _, q := range []string{c.QueueName(), c.DLQName()} {
+			wantQueues["staging-"+q] = true
+			defQueues[q] = true
+		}
+	}
+	if got := names(staging, "AWS::SNS::Topic", "TopicName"); !reflect.DeepEqual(got, wantTopics) {
+		t.Errorf("Staging topic names %v, want %v", keys(got), keys(wantTopics))
+	}
+	if got := names(staging, "AWS::SQS::Queue", "QueueName"); !reflect.DeepEqual(got, wantQueues) {
+		t.Errorf("Staging queue names %v, want %v", keys(got), keys(wantQueues))
+	}
+	if got := names(def, "AWS::SQS::Queue", "QueueName"); !reflect.DeepEqual(got, defQueues) {
+		t.Errorf("default queue names %v, want the topology's %v", keys(got), keys(defQueues))
+	}
+	for name, f := range functions(t, staging) {
+		if ns := dig(f.Props, "Environment", "Variables", "FIFOBOX_METRICS_NAMESPACE"); ns != "Fifobox/Staging" {
+			t.Errorf("%s: FIFOBOX_METRICS_NAMESPACE = %v, want Fifobox/Staging", name, ns)
+		}
+	}
+	for _, a := range staging.resources("AWS::CloudWatch::Alarm") {
+		name, _ := a.Props["AlarmName"].(string)
+		if !strings.HasPrefix(name, "Staging-") {
+			t.Errorf("alarm %s lacks the prefix", name)
+		}
+		if ns, ok := a.Props["Namespace"].(string); ok && strings.HasPrefix(ns, "Fifobox") && ns != "Fifobox/Staging" {
+			t.Errorf("alarm %s reads namespace %s, want Fifobox/Staging", name, ns)
+		}
 	}
 }
 

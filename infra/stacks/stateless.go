@@ -100,7 +100,7 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 		scope = awssns.FifoThroughputScope_MESSAGE_GROUP
 	}
 	p.Topic = awssns.NewTopic(stack, jsii.String("Topic"), &awssns.TopicProps{
-		TopicName: jsii.String(top.Topic.Name),
+		TopicName: jsii.String(cfg.ResourceName(top.Topic.Name)),
 		Fifo:      jsii.Bool(true),
 		// The dispatcher sets MessageDeduplicationId = event id: dedup by content
 		// would drop two distinct events with equal bodies.
@@ -112,7 +112,7 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 
 	dbEnv, grantDB := databaseAccess(cfg, net)
 	common := func(extra map[string]*string) *map[string]*string {
-		env := map[string]*string{"FIFOBOX_METRICS_NAMESPACE": jsii.String(MetricsNamespace)}
+		env := map[string]*string{"FIFOBOX_METRICS_NAMESPACE": jsii.String(cfg.Namespace())}
 		for k, v := range dbEnv {
 			env[k] = v
 		}
@@ -134,7 +134,7 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 	for _, c := range top.Consumers {
 		cr := &ConsumerResources{Consumer: c}
 		cr.DLQ = awssqs.NewQueue(stack, jsii.String("DLQ-"+c.Name), &awssqs.QueueProps{
-			QueueName:           jsii.String(c.DLQName()),
+			QueueName:           jsii.String(cfg.ResourceName(c.DLQName())),
 			Fifo:                jsii.Bool(true),
 			Encryption:          awssqs.QueueEncryption_KMS,
 			EncryptionMasterKey: p.QueueKey,
@@ -142,7 +142,7 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 			RetentionPeriod:     awscdk.Duration_Days(jsii.Number(14)),
 		})
 		qp := &awssqs.QueueProps{
-			QueueName:                 jsii.String(c.QueueName()),
+			QueueName:                 jsii.String(cfg.ResourceName(c.QueueName())),
 			Fifo:                      jsii.Bool(true),
 			ContentBasedDeduplication: jsii.Bool(false),
 			VisibilityTimeout:         awscdk.Duration_Seconds(jsii.Number(float64(c.VisibilityTimeoutSeconds))),
