@@ -44,7 +44,20 @@ type app struct {
 	verbose     bool
 	out, errOut io.Writer
 
-	pool *pgxpool.Pool
+	pool   *pgxpool.Pool
+	awsCfg *aws.Config // loaded once per process: IAM auth and SQS share it
+}
+
+// aws returns the AWS SDK configuration, loading it on first use.
+func (a *app) aws(ctx context.Context) (aws.Config, error) {
+	if a.awsCfg == nil {
+		c, err := awsclient.Load(ctx)
+		if err != nil {
+			return aws.Config{}, err
+		}
+		a.awsCfg = &c
+	}
+	return *a.awsCfg, nil
 }
 
 func main() {
@@ -131,7 +144,7 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	}
 	var creds aws.CredentialsProvider
 	if cfg.IAMAuth {
-		awsCfg, err := awsclient.Load(ctx)
+		awsCfg, err := a.aws(ctx)
 		if err != nil {
 			return nil, err
 		}
@@ -154,7 +167,7 @@ func (a *app) service(ctx context.Context, op string) (*redrive.Service, error) 
 	queues := redrive.Queues{}
 	needsSQS := op == redrive.OpStatus || op == redrive.OpReplay || op == redrive.OpDLQRedrive
 	if needsSQS {
-		awsCfg, err := awsclient.Load(ctx)
+		awsCfg, err := a.aws(ctx)
 		if err != nil {
 			return nil, err
 		}
@@ -200,7 +213,7 @@ func shortErr(err error) string {
 
 // invoke sends cmd to the redrive Lambda and decodes its result.
 func (a *app) invoke(ctx context.Context, cmd redrive.Command) (redrive.Result, error) {
-	awsCfg, err := awsclient.Load(ctx)
+	awsCfg, err := a.aws(ctx)
 	if err != nil {
 		return redrive.Result{}, err
 	}
