@@ -15,21 +15,35 @@ trap '[ "$started" = 1 ] && ./localstack/emulator.sh stop >/dev/null 2>&1 || tru
 # shellcheck disable=SC1091
 source ./localstack/env.sh
 quiet() { grep -v -e 'migration applied' -e '^emulatortest:' || true; }
+# Before each section, finish the checkpoint the previous section's WAL set
+# off: PostgreSQL spreads its writes over minutes (checkpoint_completion_target),
+# and they would land in the next section's figures (the 1M-row case alone
+# writes over 1 GB of WAL). Needs superuser or pg_checkpoint; skipped if refused.
+settle() {
+  psql "${FIFOBOX_TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}" -qAtc CHECKPOINT >/dev/null 2>&1 ||
+    echo "bench: CHECKPOINT refused; figures may carry the previous section's checkpoint writes" >&2
+}
 
+settle
 echo "==> outbox dispatcher vs the raw SQL limit (PostgreSQL, in-process publisher), QueryExecModeExec (as through RDS Proxy)"
 go test -count=1 -run '^$' -bench 'BenchmarkDispatch$' -benchtime 100000x -timeout 30m ./pkg/outbox/ | quiet
 
+settle
 echo "==> the same with cached prepared statements (pgx default; a direct connection without a proxy)"
 FIFOBOX_TEST_QUERY_MODE=cache go test -count=1 -run '^$' -bench 'BenchmarkDispatch$' -benchtime 100000x -timeout 30m ./pkg/outbox/ | quiet
 
+settle
 echo "==> end to end through the emulator: dispatcher vs raw PublishBatch"
 go test -run '^$' -bench 'BenchmarkThroughEmulator' -benchtime 20000x -timeout 30m ./pkg/outbox/snspub/ | quiet
 
+settle
 echo "==> commit-to-publish latency at 1,000 events/s offered (emulator)"
 go test -run '^$' -bench 'BenchmarkLatencyAt1000' -benchtime 1x -timeout 30m ./pkg/outbox/snspub/ | quiet
 
+settle
 echo "==> dispatcher Lambda handler: one invocation, latency of events committed during it"
 go test -run '^$' -bench 'BenchmarkInvocationLatency' -benchtime 3x -timeout 30m ./pkg/lambdafn/dispatcher/ | quiet
 
+settle
 echo "==> consumer: messages/s through the handler with the inbox vs the same side effect without"
 go test -run '^$' -bench 'BenchmarkConsumer' -benchtime 20000x -timeout 30m ./pkg/inbox/ | quiet
