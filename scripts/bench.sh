@@ -15,15 +15,21 @@ trap '[ "$started" = 1 ] && ./localstack/emulator.sh stop >/dev/null 2>&1 || tru
 # shellcheck disable=SC1091
 source ./localstack/env.sh
 quiet() { grep -v -e 'migration applied' -e '^emulatortest:' || true; }
-# Before each section, finish the checkpoint the previous section's WAL set
-# off: PostgreSQL spreads its writes over minutes (checkpoint_completion_target),
-# and they would land in the next section's figures (the 1M-row case alone
-# writes over 1 GB of WAL). Needs superuser or pg_checkpoint; skipped if refused.
+# Before each section, settle PostgreSQL:
+# - CHECKPOINT finishes the checkpoint the previous section's WAL set off:
+#   PostgreSQL spreads its writes over minutes (checkpoint_completion_target),
+#   and they would land in the next section's figures (the 1M-row case alone
+#   writes over 1 GB of WAL);
+# - VACUUM clears the system catalogs of the schemas earlier tests created and
+#   dropped (pgtest makes one per test): where autovacuum is off, as on this
+#   project's CI machines, their dead rows pile up run after run and slow
+#   every new connection and plan (171,598 dead pg_attribute rows seen).
+# Needs superuser (or pg_checkpoint) and ownership; skipped if refused.
 settle() {
-  psql "${FIFOBOX_TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}" -qAtc CHECKPOINT >/dev/null 2>&1 ||
-    echo "bench: CHECKPOINT refused; figures may carry the previous section's checkpoint writes" >&2
+  local url="${FIFOBOX_TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable}"
+  psql "$url" -qAtc CHECKPOINT >/dev/null 2>&1 && psql "$url" -qAtc VACUUM >/dev/null 2>&1 ||
+    echo "bench: CHECKPOINT or VACUUM refused; figures may carry earlier sections' checkpoint writes or catalog bloat" >&2
 }
-
 settle
 echo "==> outbox dispatcher vs the raw SQL limit (PostgreSQL, in-process publisher), QueryExecModeExec (as through RDS Proxy)"
 go test -count=1 -run '^$' -bench 'BenchmarkDispatch$' -benchtime 100000x -timeout 30m ./pkg/outbox/ | quiet
