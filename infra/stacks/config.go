@@ -172,7 +172,7 @@ func (c Config) ResourceName(name string) string {
 }
 
 // Namespace is the CloudWatch namespace the functions emit to and the alarms
-// read: MetricsNamespace for the default prefix, else "MetricsNamespace/<Prefix>",
+// read: MetricsNamespace ("Fifobox") for the default prefix, else "Fifobox/<Prefix>",
 // so two deployments in one account do not feed each other's alarms.
 func (c Config) Namespace() string {
 	if c.Prefix == DefaultPrefix {
