@@ -31,7 +31,7 @@ const benchConcurrency = 16 // the dispatcher's default PublishConcurrency
 // BenchmarkThroughEmulator measures end-to-end dispatcher throughput
 // (PostgreSQL outbox -> SNS FIFO -> 3 filtered SQS FIFO queues on the
 // emulator) beside the emulator's own raw PublishBatch rate to the same
-// topic, with the same concurrency and message sizes, in one run.
+// topic, publishing the same events with the same concurrency, in one run.
 //
 //	go test -run '^$' -bench BenchmarkThroughEmulator -benchtime 20000x ./pkg/outbox/snspub/
 func BenchmarkThroughEmulator(b *testing.B) {
