@@ -13,7 +13,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"os"
 
 	"github.com/aws/aws-lambda-go/lambda"
@@ -36,10 +35,6 @@ func main() {
 }
 
 func setup(ctx context.Context) (*dispatcher.Handler, error) {
-	topic := os.Getenv("FIFOBOX_TOPIC_ARN")
-	if topic == "" {
-		return nil, errors.New("FIFOBOX_TOPIC_ARN is required")
-	}
 	cfg, err := dispatcher.ConfigFromEnv()
 	if err != nil {
 		return nil, err
@@ -48,7 +43,7 @@ func setup(ctx context.Context) (*dispatcher.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	pub, err := snspub.New(awsclient.SNS(awsCfg), snspub.Config{TopicARN: topic})
+	pub, err := snspub.New(awsclient.SNS(awsCfg), snspub.Config{TopicARN: cfg.TopicARN})
 	if err != nil {
 		return nil, err
 	}

@@ -8,7 +8,8 @@
 // FIFOBOX_DB_HOST/PORT/NAME/USER + FIFOBOX_DB_IAM_AUTH=true); FIFOBOX_QUEUES =
 // {"<consumer>": {"queue_url": "...", "dlq_url": "..."}}; optional
 // FIFOBOX_DEFAULT_OPERATION, used when the event names none (e.g. "migrate"
-// for a deploy trigger that cannot choose its payload).
+// for a deploy trigger that cannot choose its payload), checked at init. The
+// handler lives in pkg/lambdafn/redrive.
 package main
 
 import (
@@ -17,36 +18,28 @@ import (
 	"os"
 
 	"github.com/aws/aws-lambda-go/lambda"
-	"github.com/aws/aws-lambda-go/lambdacontext"
 
 	"github.com/fifobox/fifobox/pkg/awsclient"
 	"github.com/fifobox/fifobox/pkg/lambdafn"
+	handler "github.com/fifobox/fifobox/pkg/lambdafn/redrive"
 	"github.com/fifobox/fifobox/pkg/redrive"
 )
 
 func main() {
 	log := lambdafn.Logger()
-	svc, err := setup(context.Background(), log)
+	h, err := setup(context.Background(), log)
 	if err != nil {
 		log.Error("redrive init failed", "error", err.Error())
 		os.Exit(1)
 	}
-	def := os.Getenv("FIFOBOX_DEFAULT_OPERATION")
-	lambda.Start(func(ctx context.Context, cmd redrive.Command) (redrive.Result, error) {
-		if cmd.Operation == "" {
-			cmd.Operation = def
-		}
-		if lc, ok := lambdacontext.FromContext(ctx); ok {
-			cmd.RequestID = lc.AwsRequestID
-		}
-		if cmd.Actor == "" {
-			cmd.Actor = "lambda:" + lambdacontext.FunctionName
-		}
-		return svc.Execute(ctx, cmd)
-	})
+	lambda.Start(h.Handle)
 }
 
-func setup(ctx context.Context, log *slog.Logger) (*redrive.Service, error) {
+func setup(ctx context.Context, log *slog.Logger) (*handler.Handler, error) {
+	cfg, err := handler.ConfigFromEnv()
+	if err != nil {
+		return nil, err
+	}
 	queues, err := redrive.QueuesFromEnv()
 	if err != nil {
 		return nil, err
@@ -55,5 +48,9 @@ func setup(ctx context.Context, log *slog.Logger) (*redrive.Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	return redrive.New(pool, awsclient.SQS(awsCfg), redrive.Config{Queues: queues, Logger: log})
+	svc, err := redrive.New(pool, awsclient.SQS(awsCfg), redrive.Config{Queues: queues, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	return handler.New(svc, cfg)
 }

@@ -25,7 +25,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
@@ -49,7 +51,22 @@ const (
 	defaultPruneAg = 7 * 24 * time.Hour
 )
 
-const operations = "migrate, status, dead-list, requeue-dead, replay, dlq-redrive, prune"
+// Operations lists every operation, in the order the docs give them.
+var Operations = []string{OpMigrate, OpStatus, OpDeadList, OpRequeueDead, OpReplay, OpDLQRedrive, OpPrune}
+
+var operations = strings.Join(Operations, ", ")
+
+// CheckOperation reports whether op names an operation, with an error that
+// lists them all if it does not.
+func CheckOperation(op string) error {
+	switch {
+	case op == "":
+		return errors.New("operation is required: one of " + operations)
+	case !slices.Contains(Operations, op):
+		return fmt.Errorf("unknown operation %q: want one of %s", op, operations)
+	}
+	return nil
+}
 
 // Command is one operator request, the JSON the redrive Lambda is invoked
 // with and the CLI builds from its flags.
@@ -216,10 +233,8 @@ func (s *Service) Execute(ctx context.Context, cmd Command) (Result, error) {
 		res, err = s.dlqRedrive(ctx, cmd)
 	case OpPrune:
 		res, err = s.prune(ctx, cmd)
-	case "":
-		return Result{}, errors.New("operation is required: one of " + operations)
 	default:
-		return Result{}, fmt.Errorf("unknown operation %q: want one of %s", cmd.Operation, operations)
+		return Result{}, CheckOperation(cmd.Operation)
 	}
 	// Dry runs change nothing but are audited too: who looked at moving what.
 	if err == nil && cmd.DryRun && res.AuditID == 0 {

@@ -27,6 +27,10 @@ import (
 
 // Config configures the handler.
 type Config struct {
+	// TopicARN is the SNS FIFO topic the function's publisher sends to. The
+	// handler does not use it; ConfigFromEnv reads it with the other
+	// settings so a missing one fails init with the variable's name.
+	TopicARN string
 	// Dispatcher tunes the outbox dispatcher (batch size, deadline margin...).
 	Dispatcher outbox.DispatcherConfig
 	// MetricsInterval is how often batch counts are flushed as an EMF line
@@ -67,13 +71,16 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// ConfigFromEnv reads the optional knobs: FIFOBOX_BATCH_SIZE,
+// ConfigFromEnv reads FIFOBOX_TOPIC_ARN (required) and the optional knobs: FIFOBOX_BATCH_SIZE,
 // FIFOBOX_PUBLISH_CONCURRENCY, FIFOBOX_MAX_ATTEMPTS, FIFOBOX_POLL_INTERVAL,
 // FIFOBOX_DEADLINE_MARGIN and FIFOBOX_METRICS_INTERVAL (durations such as
 // "50ms", "3s"). Unset ones keep their defaults; a bad value is an error
 // naming the variable.
 func ConfigFromEnv() (Config, error) {
-	var c Config
+	c := Config{TopicARN: os.Getenv("FIFOBOX_TOPIC_ARN")}
+	if c.TopicARN == "" {
+		return c, errors.New("FIFOBOX_TOPIC_ARN is required: the SNS FIFO topic's ARN")
+	}
 	ints := []struct {
 		name string
 		dst  *int

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -255,10 +256,16 @@ func TestOverlappingInvocations(t *testing.T) {
 }
 
 func TestConfigFromEnv(t *testing.T) {
+	t.Setenv("FIFOBOX_TOPIC_ARN", "")
+	if _, err := dispatcher.ConfigFromEnv(); err == nil || !strings.Contains(err.Error(), "FIFOBOX_TOPIC_ARN") {
+		t.Fatalf("no topic: err %v, want one naming FIFOBOX_TOPIC_ARN", err)
+	}
+	const topic = "arn:aws:sns:us-east-1:000000000000:fifobox-events.fifo"
+	t.Setenv("FIFOBOX_TOPIC_ARN", topic)
 	t.Setenv("FIFOBOX_BATCH_SIZE", "200")
 	t.Setenv("FIFOBOX_POLL_INTERVAL", "20ms")
 	c, err := dispatcher.ConfigFromEnv()
-	if err != nil || c.Dispatcher.BatchSize != 200 || c.Dispatcher.PollInterval != 20*time.Millisecond {
+	if err != nil || c.TopicARN != topic || c.Dispatcher.BatchSize != 200 || c.Dispatcher.PollInterval != 20*time.Millisecond {
 		t.Fatalf("%+v %v", c, err)
 	}
 	t.Setenv("FIFOBOX_DEADLINE_MARGIN", "soon")

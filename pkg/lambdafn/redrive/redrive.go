@@ -1,0 +1,84 @@
+// Package redrive is the redrive (operations) Lambda's handler. It runs a
+// redrive.Command after filling in what the invocation knows and its JSON
+// may not say: the default operation (a CDK deploy trigger cannot choose its
+// payload), the Lambda request id, and the function as actor.
+package redrive
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/aws/aws-lambda-go/lambdacontext"
+
+	"github.com/fifobox/fifobox/pkg/redrive"
+)
+
+// Executor runs one command; *redrive.Service satisfies it.
+type Executor interface {
+	Execute(ctx context.Context, cmd redrive.Command) (redrive.Result, error)
+}
+
+// Config configures the handler.
+type Config struct {
+	// DefaultOperation runs when the event names none. Empty: the event
+	// must name one.
+	DefaultOperation string
+}
+
+// Validate reports the first invalid field.
+func (c Config) Validate() error {
+	if c.DefaultOperation == "" {
+		return nil
+	}
+	if err := redrive.CheckOperation(c.DefaultOperation); err != nil {
+		return fmt.Errorf("DefaultOperation: %w", err)
+	}
+	return nil
+}
+
+// ConfigFromEnv reads FIFOBOX_DEFAULT_OPERATION and checks it names an
+// operation, so a typo fails the function's init, not the deploy trigger.
+func ConfigFromEnv() (Config, error) {
+	c := Config{DefaultOperation: os.Getenv("FIFOBOX_DEFAULT_OPERATION")}
+	if c.DefaultOperation != "" {
+		if err := redrive.CheckOperation(c.DefaultOperation); err != nil {
+			return c, fmt.Errorf("FIFOBOX_DEFAULT_OPERATION: %w", err)
+		}
+	}
+	return c, nil
+}
+
+// Handler runs operator commands. Build it once at init and register Handle
+// with lambda.Start.
+type Handler struct {
+	svc Executor
+	cfg Config
+}
+
+// New returns a Handler.
+func New(svc Executor, cfg Config) (*Handler, error) {
+	if svc == nil {
+		return nil, errors.New("new redrive handler: executor is required")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("new redrive handler: %w", err)
+	}
+	return &Handler{svc: svc, cfg: cfg}, nil
+}
+
+// Handle runs cmd. The audit row records the Lambda request id, and the
+// function's name as actor unless the caller (the CLI sends user@host) gave one.
+func (h *Handler) Handle(ctx context.Context, cmd redrive.Command) (redrive.Result, error) {
+	if cmd.Operation == "" {
+		cmd.Operation = h.cfg.DefaultOperation
+	}
+	if lc, ok := lambdacontext.FromContext(ctx); ok {
+		cmd.RequestID = lc.AwsRequestID
+	}
+	if cmd.Actor == "" {
+		cmd.Actor = "lambda:" + lambdacontext.FunctionName
+	}
+	return h.svc.Execute(ctx, cmd)
+}

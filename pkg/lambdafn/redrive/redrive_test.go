@@ -1,0 +1,90 @@
+package redrive_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/aws/aws-lambda-go/lambdacontext"
+
+	lambdaredrive "github.com/fifobox/fifobox/pkg/lambdafn/redrive"
+	"github.com/fifobox/fifobox/pkg/redrive"
+)
+
+type recorder struct{ got []redrive.Command }
+
+func (r *recorder) Execute(_ context.Context, cmd redrive.Command) (redrive.Result, error) {
+	r.got = append(r.got, cmd)
+	return redrive.Result{Operation: cmd.Operation}, nil
+}
+
+func TestHandleFillsWhatTheInvocationKnows(t *testing.T) {
+	lambdacontext.FunctionName = "fifobox-redrive"
+	t.Cleanup(func() { lambdacontext.FunctionName = "" })
+	inLambda := lambdacontext.NewContext(context.Background(), &lambdacontext.LambdaContext{AwsRequestID: "req-1"})
+	tests := []struct {
+		name      string
+		ctx       context.Context
+		def       string
+		cmd       redrive.Command
+		wantOp    string
+		wantActor string
+		wantReqID string
+	}{
+		{"deploy trigger: empty event takes the default", inLambda, "migrate", redrive.Command{}, "migrate", "lambda:fifobox-redrive", "req-1"},
+		{"the event's operation wins over the default", inLambda, "migrate", redrive.Command{Operation: "status"}, "status", "lambda:fifobox-redrive", "req-1"},
+		{"the CLI's actor is kept", inLambda, "", redrive.Command{Operation: "requeue-dead", Actor: "ana@laptop"}, "requeue-dead", "ana@laptop", "req-1"},
+		{"the request id is the Lambda's, not the caller's", inLambda, "", redrive.Command{Operation: "status", RequestID: "forged"}, "status", "lambda:fifobox-redrive", "req-1"},
+		{"outside Lambda the caller's request id stays", context.Background(), "", redrive.Command{Operation: "status", RequestID: "local"}, "status", "lambda:fifobox-redrive", "local"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := &recorder{}
+			h, err := lambdaredrive.New(rec, lambdaredrive.Config{DefaultOperation: tt.def})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := h.Handle(tt.ctx, tt.cmd); err != nil {
+				t.Fatal(err)
+			}
+			got := rec.got[0]
+			if got.Operation != tt.wantOp || got.Actor != tt.wantActor || got.RequestID != tt.wantReqID {
+				t.Errorf("ran %+v, want operation %q actor %q request id %q", got, tt.wantOp, tt.wantActor, tt.wantReqID)
+			}
+		})
+	}
+}
+
+func TestDefaultOperationIsCheckedAtInit(t *testing.T) {
+	tests := []struct {
+		env     string
+		wantErr string // "" = valid
+	}{
+		{"", ""},
+		{"migrate", ""},
+		{"prune", ""},
+		{"migrat", `FIFOBOX_DEFAULT_OPERATION: unknown operation "migrat"`},
+		{"Migrate", `FIFOBOX_DEFAULT_OPERATION: unknown operation "Migrate"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.env, func(t *testing.T) {
+			t.Setenv("FIFOBOX_DEFAULT_OPERATION", tt.env)
+			c, err := lambdaredrive.ConfigFromEnv()
+			if tt.wantErr == "" {
+				if err != nil || c.DefaultOperation != tt.env {
+					t.Fatalf("ConfigFromEnv() = %+v, %v; want DefaultOperation %q", c, err, tt.env)
+				}
+				return
+			}
+			if err == nil || !strings.HasPrefix(err.Error(), tt.wantErr) || !strings.Contains(err.Error(), "dlq-redrive") {
+				t.Fatalf("ConfigFromEnv() error %v, want it to start %q and list the operations", err, tt.wantErr)
+			}
+		})
+	}
+	if _, err := lambdaredrive.New(&recorder{}, lambdaredrive.Config{DefaultOperation: "nope"}); err == nil || !strings.Contains(err.Error(), "DefaultOperation") {
+		t.Fatalf("New with a bad default: %v, want an error naming DefaultOperation", err)
+	}
+	if _, err := lambdaredrive.New(nil, lambdaredrive.Config{}); err == nil {
+		t.Fatal("New(nil) succeeded")
+	}
+}
