@@ -100,27 +100,42 @@ func TestClaimPlanWithStaleOrMissingStatistics(t *testing.T) {
 	}
 }
 
-func functionFetchesPerEvent(t *testing.T, db *pgtest.DB, batch int) float64 {
+// claimStats are outbox's row counters for one outbox_claim call, from
+// pg_stat_xact_user_tables (this transaction only).
+type claimStats struct {
+	claimed     int
+	fetched     float64 // heap rows read: index fetches plus sequential scans
+	upd, hotUpd int
+}
+
+// claimCounted calls outbox_claim for batch rows in a transaction it rolls
+// back, and returns what PostgreSQL counted for it.
+func claimCounted(t *testing.T, db *pgtest.DB, batch int) claimStats {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := db.Pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck
-	var claimed int
-	if err := tx.QueryRow(ctx, "SELECT count(*) FROM outbox_claim($1, gen_random_uuid(), 60000, 0)", int64(batch)).Scan(&claimed); err != nil {
+	defer tx.Rollback(ctx) //nolint:errcheck // nothing claimed here may stay claimed
+	var st claimStats
+	if err := tx.QueryRow(ctx, "SELECT count(*) FROM outbox_claim($1, gen_random_uuid(), 60000, 0)", int64(batch)).Scan(&st.claimed); err != nil {
 		t.Fatal(err)
 	}
-	var fetched float64
-	if err := tx.QueryRow(ctx, `SELECT coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0)
-		FROM pg_stat_xact_user_tables WHERE relid = 'outbox'::regclass`).Scan(&fetched); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0), n_tup_upd, n_tup_hot_upd
+		FROM pg_stat_xact_user_tables WHERE relid = 'outbox'::regclass`).Scan(&st.fetched, &st.upd, &st.hotUpd); err != nil {
 		t.Fatal(err)
 	}
-	if claimed == 0 {
+	return st
+}
+
+func functionFetchesPerEvent(t *testing.T, db *pgtest.DB, batch int) float64 {
+	t.Helper()
+	st := claimCounted(t, db, batch)
+	if st.claimed == 0 {
 		t.Fatal("outbox_claim claimed nothing")
 	}
-	return fetched / float64(claimed)
+	return st.fetched / float64(st.claimed)
 }
 
 // A claim rewrites each row it takes (token, lease, attempts), none of them
@@ -143,20 +158,8 @@ func TestClaimUpdatesAreHOT(t *testing.T) {
 				FROM generate_series(1, 2000) g`, bodyBytes); err != nil {
 				t.Fatal(err)
 			}
-			tx, err := db.Pool.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Rollback(ctx) //nolint:errcheck
-			var claimed int
-			if err := tx.QueryRow(ctx, "SELECT count(*) FROM outbox_claim(1000, gen_random_uuid(), 60000, 0)").Scan(&claimed); err != nil {
-				t.Fatal(err)
-			}
-			var upd, hot int
-			if err := tx.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd
-				FROM pg_stat_xact_user_tables WHERE relid = 'outbox'::regclass`).Scan(&upd, &hot); err != nil {
-				t.Fatal(err)
-			}
+			st := claimCounted(t, db, 1000)
+			claimed, upd, hot := st.claimed, st.upd, st.hotUpd
 			t.Logf("claimed %d: %d updates, %d HOT", claimed, upd, hot)
 			if claimed != 1000 || upd != claimed {
 				t.Fatalf("claimed %d rows with %d updates; want 1000 of each", claimed, upd)

@@ -51,10 +51,10 @@ const (
 	defaultPruneAg = 7 * 24 * time.Hour
 )
 
-// Operations lists every operation, in the order the docs give them.
-var Operations = []string{OpMigrate, OpStatus, OpDeadList, OpRequeueDead, OpReplay, OpDLQRedrive, OpPrune}
+// allOperations lists every operation, in the order the docs give them.
+var allOperations = []string{OpMigrate, OpStatus, OpDeadList, OpRequeueDead, OpReplay, OpDLQRedrive, OpPrune}
 
-var operations = strings.Join(Operations, ", ")
+var operations = strings.Join(allOperations, ", ")
 
 // CheckOperation reports whether op names an operation, with an error that
 // lists them all if it does not.
@@ -62,7 +62,7 @@ func CheckOperation(op string) error {
 	switch {
 	case op == "":
 		return errors.New("operation is required: one of " + operations)
-	case !slices.Contains(Operations, op):
+	case !slices.Contains(allOperations, op):
 		return fmt.Errorf("unknown operation %q: want one of %s", op, operations)
 	}
 	return nil

@@ -29,23 +29,25 @@ type Config struct {
 
 // Validate reports the first invalid field.
 func (c Config) Validate() error {
-	if c.DefaultOperation == "" {
-		return nil
-	}
-	if err := redrive.CheckOperation(c.DefaultOperation); err != nil {
+	if err := c.checkDefault(); err != nil {
 		return fmt.Errorf("DefaultOperation: %w", err)
 	}
 	return nil
+}
+
+func (c Config) checkDefault() error {
+	if c.DefaultOperation == "" {
+		return nil
+	}
+	return redrive.CheckOperation(c.DefaultOperation)
 }
 
 // ConfigFromEnv reads FIFOBOX_DEFAULT_OPERATION and checks it names an
 // operation, so a typo fails the function's init, not the deploy trigger.
 func ConfigFromEnv() (Config, error) {
 	c := Config{DefaultOperation: os.Getenv("FIFOBOX_DEFAULT_OPERATION")}
-	if c.DefaultOperation != "" {
-		if err := redrive.CheckOperation(c.DefaultOperation); err != nil {
-			return c, fmt.Errorf("FIFOBOX_DEFAULT_OPERATION: %w", err)
-		}
+	if err := c.checkDefault(); err != nil {
+		return c, fmt.Errorf("FIFOBOX_DEFAULT_OPERATION: %w", err)
 	}
 	return c, nil
 }
