@@ -8,6 +8,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -43,18 +44,32 @@ func main() {
 	slog.SetDefault(log)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *dbURL, *orders, *rate, *period, *metricsPath, log); err != nil {
+	fi, _ := os.Stdout.Stat()
+	opts := options{dbURL: *dbURL, orders: *orders, rate: *rate, period: *period, metricsPath: *metricsPath,
+		out: os.Stdout, interactive: fi != nil && fi.Mode()&os.ModeCharDevice != 0}
+	if err := run(ctx, opts, log); err != nil {
 		fmt.Fprintln(os.Stderr, "fifobox-local:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, dbURL string, orders, rate int, period time.Duration, metricsPath string, log *slog.Logger) error {
+// options of one run; main fills them from the flags.
+type options struct {
+	dbURL          string
+	orders, rate   int
+	period         time.Duration
+	metricsPath    string
+	out            io.Writer
+	interactive    bool   // redraw the progress line in place (a terminal)
+	topologyPrefix string // prepended to topic and queue names (tests run side by side)
+}
+
+func run(ctx context.Context, o options, log *slog.Logger) error {
 	if os.Getenv("AWS_ENDPOINT_URL") == "" {
 		return fmt.Errorf("AWS_ENDPOINT_URL is not set: source localstack/env.sh (make local does)")
 	}
 	// pkg/db is what the Lambdas use: the same query mode as through RDS Proxy.
-	pool, err := db.Open(ctx, db.Config{URL: dbURL, MaxConns: 16}, nil)
+	pool, err := db.Open(ctx, db.Config{URL: o.dbURL, MaxConns: 16}, nil)
 	if err != nil {
 		return fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
@@ -69,29 +84,29 @@ func run(ctx context.Context, dbURL string, orders, rate int, period time.Durati
 	snsc, sqsc := awsclient.SNS(cfg), awsclient.SQS(cfg)
 	topo := topology.Default()
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	res, err := provision.Provision(pctx, snsc, sqsc, topo, provision.Options{VisibilityTimeoutSeconds: 30})
+	res, err := provision.Provision(pctx, snsc, sqsc, topo, provision.Options{Prefix: o.topologyPrefix, VisibilityTimeoutSeconds: 30})
 	cancel()
 	if err != nil {
 		return fmt.Errorf("create topology at %s: %w", os.Getenv("AWS_ENDPOINT_URL"), err)
 	}
-	fmt.Printf("topology: topic %s\n", res.TopicARN)
+	fmt.Fprintf(o.out, "topology: topic %s\n", res.TopicARN)
 	for _, c := range topo.Consumers {
 		q := res.Queues[c.Name]
 		filter := c.FilterPolicy()
 		if filter == "" {
 			filter = "(all events)"
 		}
-		fmt.Printf("  queue %-26s filter %-34s DLQ %s after %d receives\n", q.Name, filter, c.DLQName(), c.MaxReceiveCount)
+		fmt.Fprintf(o.out, "  queue %-26s filter %-34s DLQ %s after %d receives\n", q.Name, filter, c.DLQName(), c.MaxReceiveCount)
 	}
 	sns, err := snspub.New(snsc, snspub.Config{TopicARN: res.TopicARN})
 	if err != nil {
 		return err
 	}
 	// The functions' EMF metric lines go to a file here (CloudWatch Logs in AWS).
-	if err := os.MkdirAll(filepath.Dir(metricsPath), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(o.metricsPath), 0o755); err != nil {
 		return err
 	}
-	mf, err := os.Create(metricsPath)
+	mf, err := os.Create(o.metricsPath)
 	if err != nil {
 		return fmt.Errorf("metrics log: %w", err)
 	}
@@ -121,13 +136,11 @@ func run(ctx context.Context, dbURL string, orders, rate int, period time.Durati
 		}
 		consumers[name] = h.Handle
 	}
-	fi, _ := os.Stdout.Stat()
-	interactive := fi != nil && fi.Mode()&os.ModeCharDevice != 0
-	fmt.Printf("demo: %d orders (created, paid, shipped; one transaction per step) at %d tx/s\n", orders, rate)
-	fmt.Printf("functions: dispatcher handler invoked every %s (deadline %s); consumer handlers fed by local SQS event-source runners\n",
-		period, period+5*time.Second)
-	fmt.Printf("metrics: EMF lines in %s\n\n", metricsPath)
-	return localdemo.Run(ctx, localdemo.Config{Orders: orders, Rate: rate, SchedulePeriod: period, Out: os.Stdout, Interactive: interactive},
+	fmt.Fprintf(o.out, "demo: %d orders (created, paid, shipped; one transaction per step) at %d tx/s\n", o.orders, o.rate)
+	fmt.Fprintf(o.out, "functions: dispatcher handler invoked every %s (deadline %s); consumer handlers fed by local SQS event-source runners\n",
+		o.period, o.period+5*time.Second)
+	fmt.Fprintf(o.out, "metrics: EMF lines in %s\n\n", o.metricsPath)
+	return localdemo.Run(ctx, localdemo.Config{Orders: o.orders, Rate: o.rate, SchedulePeriod: o.period, Out: o.out, Interactive: o.interactive},
 		localdemo.Deps{Pool: pool, SQS: sqsc, Resources: res, Published: &published, Consumers: consumers, Log: log,
 			Dispatch: func(ctx context.Context) (dispatcher.Result, error) { return dh.Handle(ctx, nil) }})
 }
