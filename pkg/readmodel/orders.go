@@ -23,15 +23,23 @@ type OrderEvent struct {
 	Currency    string `json:"currency"`
 }
 
+// The status only moves forward: an event older than the row's last
+// sequence (a message redriven from the DLQ after later events of its order
+// were applied, or a replay) still counts in event_count and fills the
+// fields only it carries, but does not set the status back.
 const (
 	sqlCreated = `INSERT INTO orders_read_model (order_id, customer_id, amount_cents, currency, status, last_sequence, event_count)
 VALUES ($1, $2, $3, $4, 'created', $5, 1)
 ON CONFLICT (order_id) DO UPDATE SET customer_id = EXCLUDED.customer_id, amount_cents = EXCLUDED.amount_cents,
-    currency = EXCLUDED.currency, last_sequence = EXCLUDED.last_sequence,
+    currency = EXCLUDED.currency,
+    status = CASE WHEN EXCLUDED.last_sequence > orders_read_model.last_sequence THEN EXCLUDED.status ELSE orders_read_model.status END,
+    last_sequence = GREATEST(orders_read_model.last_sequence, EXCLUDED.last_sequence),
     event_count = orders_read_model.event_count + 1, updated_at = now()`
 	sqlStatus = `INSERT INTO orders_read_model (order_id, status, last_sequence, event_count)
 VALUES ($1, $2, $3, 1)
-ON CONFLICT (order_id) DO UPDATE SET status = EXCLUDED.status, last_sequence = EXCLUDED.last_sequence,
+ON CONFLICT (order_id) DO UPDATE SET
+    status = CASE WHEN EXCLUDED.last_sequence > orders_read_model.last_sequence THEN EXCLUDED.status ELSE orders_read_model.status END,
+    last_sequence = GREATEST(orders_read_model.last_sequence, EXCLUDED.last_sequence),
     event_count = orders_read_model.event_count + 1, updated_at = now()`
 )
 
