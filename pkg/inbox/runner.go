@@ -39,6 +39,11 @@ type Runner struct {
 	// RetryDelay, if > 0, makes failed records visible again after this
 	// long instead of the queue's visibility timeout (faster local retries).
 	RetryDelay time.Duration
+	// HandlerTimeout is each batch's deadline, like the consumer function's
+	// timeout. A batch in hand is finished even if Run's context is cancelled,
+	// as a Lambda invocation runs to completion once started, so stopping
+	// neither fails records nor leaves them in flight. Default 30s.
+	HandlerTimeout time.Duration
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 }
@@ -85,7 +90,13 @@ func (r *Runner) Poll(ctx context.Context, waitSeconds int32) (int, error) {
 		ev.Records[i] = toRecord(m, r.QueueARN)
 		byID[aws.ToString(m.MessageId)] = m
 	}
-	resp, herr := r.Handler(ctx, ev)
+	timeout := r.HandlerTimeout
+	if timeout <= 0 {
+		timeout = 30 * time.Second
+	}
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	resp, herr := r.Handler(hctx, ev)
 	failed := map[string]bool{}
 	if herr != nil {
 		// A returned error fails the whole batch, as in Lambda.

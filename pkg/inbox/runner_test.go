@@ -274,3 +274,54 @@ func TestEndToEndThroughConsumerWithDuplicates(t *testing.T) {
 		t.Fatal("no duplicates injected")
 	}
 }
+
+// Stopping the runner while a batch is being handled lets the batch finish
+// with its own deadline, as a started Lambda invocation does: the records
+// are applied and deleted, not failed and left in flight.
+func TestRunnerFinishesTheBatchInHandWhenStopped(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	env := emulatortest.New(t, oneConsumer(5), 6)
+	q := env.Queues["c"]
+	h, err := inbox.NewHandler(db.Pool, env.SQS, testApply, inbox.HandlerConfig{Consumer: "c", DLQURL: q.DLQURL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e1, e2 := ev("S", 1), ev("S", 2)
+	publish(t, env, e1, e2)
+	ctx, stop := context.WithCancel(context.Background())
+	var handled sync.Once
+	handler := func(hctx context.Context, batch events.SQSEvent) (events.SQSEventResponse, error) {
+		// Stop the runner mid-batch, then handle the batch.
+		handled.Do(stop)
+		<-ctx.Done()
+		if err := hctx.Err(); err != nil {
+			t.Errorf("handler context done after the runner was stopped: %v", err)
+		}
+		return h.Handle(hctx, batch)
+	}
+	r := &inbox.Runner{SQS: env.SQS, QueueURL: q.URL, QueueARN: q.ARN, Handler: handler, HandlerTimeout: 10 * time.Second}
+	if err := r.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	applied := countEffects(t, db, e1.ID) + countEffects(t, db, e2.ID)
+	if applied == 0 {
+		t.Fatal("the batch in hand was not applied")
+	}
+	// What was handled is deleted: past the visibility timeout (6s) nothing
+	// comes back except events the batch did not hold (FIFO may hand over
+	// one group's messages in more than one batch).
+	// receiveAll leaves what it receives in flight, so a message it gets
+	// twice (after the visibility timeout) counts once.
+	left := map[string]bool{}
+	for _, m := range receiveAll(t, env.SQS, q.URL, 3, 8*time.Second) {
+		got, _ := envelope.Decode([]byte(aws.ToString(m.Body)))
+		if countEffects(t, db, got.ID) != 0 {
+			t.Fatalf("event %d was applied and is still in the queue", got.Sequence)
+		}
+		left[got.ID] = true
+	}
+	if len(left)+applied != 2 {
+		t.Fatalf("%d applied, %d back in the queue; want the 2 events exactly once between them", applied, len(left))
+	}
+}
