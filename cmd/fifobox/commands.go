@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/redrive"
 )
 
@@ -175,17 +176,24 @@ operation. Other consumers see nothing.`,
 }
 
 func (a *app) pruneCmd() *cobra.Command {
-	var older time.Duration
+	var older, inboxOlder time.Duration
 	var dry bool
 	c := &cobra.Command{
 		Use:   "prune",
-		Short: "Delete sent outbox events older than --older-than, in bounded batches",
-		Args:  cobra.NoArgs,
+		Short: "Delete sent outbox events older than --older-than and inbox rows older than --inbox-older-than, in bounded batches",
+		Long: `Delete sent outbox events older than --older-than and inbox rows older than
+--inbox-older-than, in bounded batches. Deployed, a daily schedule runs this in
+the redrive Lambda with the defaults. Keep the inbox retention longer than the
+DLQs' message retention (14 days at most): a redriven message that was applied
+before is recognised only while its inbox row exists.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.do(cmd.Context(), redrive.Command{Operation: redrive.OpPrune, OlderThan: older.String(), DryRun: dry})
+			return a.do(cmd.Context(), redrive.Command{Operation: redrive.OpPrune, OlderThan: older.String(),
+				InboxOlderThan: inboxOlder.String(), DryRun: dry})
 		},
 	}
 	c.Flags().DurationVar(&older, "older-than", 7*24*time.Hour, "retention for sent events")
+	c.Flags().DurationVar(&inboxOlder, "inbox-older-than", inbox.DefaultRetention, "retention for inbox rows (at least 10m)")
 	c.Flags().BoolVar(&dry, "dry-run", false, "count what would be deleted")
 	return c
 }

@@ -19,6 +19,7 @@ const (
 	AlarmDispatcherErrors  = "DispatcherErrors"
 	AlarmDispatcherThrottl = "DispatcherThrottles"
 	AlarmScheduleDLQ       = "DispatcherScheduleDLQ"
+	AlarmOperationsErrors  = "OperationsErrors"
 	AlarmConsumerLag       = "ConsumerLag"
 	AlarmConsumerFailures  = "ConsumerFailures"
 	AlarmConsumerErrors    = "ConsumerErrors"
@@ -111,7 +112,11 @@ func newAlarms(stack awscdk.Stack, cfg Config, p *Pipeline) {
 		{AlarmDispatcherThrottl, "Dispatcher invocations were throttled (reserved concurrency exhausted)",
 			p.Dispatcher.MetricThrottles(minutes(5)), th.DispatcherThrottles, 1, awscloudwatch.TreatMissingData_NOT_BREACHING},
 		// SQS stops publishing metrics of idle queues: missing = empty = fine.
-		{AlarmScheduleDLQ, "EventBridge Scheduler could not invoke the dispatcher",
+		// The operations (redrive) function runs the daily prune and operator
+		// commands; a failure of either should be looked at.
+		{AlarmOperationsErrors, "Operations function failed (the daily prune, a migration or an operator command): see its logs and the redrive_audit table",
+			p.Redrive.MetricErrors(minutes(5)), th.OperationsErrors, 1, awscloudwatch.TreatMissingData_NOT_BREACHING},
+		{AlarmScheduleDLQ, "EventBridge Scheduler could not invoke the dispatcher or the daily prune",
 			p.ScheduleDLQ.MetricApproximateNumberOfMessagesVisible(&awscloudwatch.MetricOptions{Statistic: jsii.String("Maximum"), Period: awscdk.Duration_Minutes(jsii.Number(5))}),
 			th.ScheduleDLQVisibleMessages, 1, awscloudwatch.TreatMissingData_NOT_BREACHING},
 	}

@@ -15,6 +15,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/aws/constructs-go/constructs/v10"
 
@@ -81,6 +82,8 @@ type Thresholds struct {
 	ConsumerErrors float64
 	// ScheduleDLQVisibleMessages: scheduler invocations that could not be delivered.
 	ScheduleDLQVisibleMessages float64
+	// OperationsErrors: Lambda Errors of the operations (redrive) function.
+	OperationsErrors float64
 }
 
 // DefaultThresholds are the shipped alarm thresholds.
@@ -98,6 +101,7 @@ func DefaultThresholds() Thresholds {
 		DispatcherThrottles:          0,
 		ConsumerErrors:               0,
 		ScheduleDLQVisibleMessages:   0,
+		OperationsErrors:             0,
 	}
 }
 
@@ -139,6 +143,11 @@ type Config struct {
 	ConsumerMemoryMB float64
 	// RedriveTimeoutSeconds bounds migrations and redrive operations.
 	RedriveTimeoutSeconds float64
+	// OutboxRetention and InboxRetention are what the daily prune keeps (Go
+	// durations): sent outbox events, and inbox rows. InboxRetention must
+	// outlast the DLQs' 14-day message retention, or a message redriven from
+	// a DLQ after its inbox row is gone would be applied a second time.
+	OutboxRetention, InboxRetention string
 
 	// Thresholds for the alarms.
 	Thresholds Thresholds
@@ -203,6 +212,8 @@ func DefaultConfig() Config {
 		DispatcherMemoryMB:            512,
 		ConsumerMemoryMB:              256,
 		RedriveTimeoutSeconds:         300,
+		OutboxRetention:               "168h",
+		InboxRetention:                "720h",
 		Thresholds:                    DefaultThresholds(),
 		CreateEndpoints:               true,
 	}
@@ -236,12 +247,22 @@ func (c Config) Validate() error {
 	if c.DatabaseUser == "" || c.DatabaseName == "" {
 		return fmt.Errorf("database name and user are required")
 	}
+	if d, err := time.ParseDuration(c.OutboxRetention); err != nil || d <= 0 {
+		return fmt.Errorf("outbox retention %q: want a positive Go duration such as 168h", c.OutboxRetention)
+	}
+	if d, err := time.ParseDuration(c.InboxRetention); err != nil || d <= DLQRetentionDays*24*time.Hour {
+		return fmt.Errorf("inbox retention %q: want a Go duration longer than the DLQs' %d-day retention, such as 720h", c.InboxRetention, DLQRetentionDays)
+	}
 	return nil
 }
+
+// DLQRetentionDays is how long the consumer DLQs keep a message (the SQS maximum).
+const DLQRetentionDays = 14
 
 // FromContext overrides cfg with the CDK context values (-c key=value or
 // cdk.json "context"): prefix, assetDir, databaseName, databaseUser,
 // databaseUrl, alarmEmail, vpcId, subnetGroupName, createEndpoints,
+// outboxRetention, inboxRetention,
 // dbProxyArn/dbProxyName/dbProxyEndpoint/dbProxySecurityGroupId,
 // dispatcherReservedConcurrency, minCapacity, maxCapacity.
 func FromContext(node constructs.Node, cfg Config) (Config, error) {
@@ -270,6 +291,8 @@ func FromContext(node constructs.Node, cfg Config) (Config, error) {
 	str("alarmEmail", &cfg.AlarmEmail)
 	str("vpcId", &cfg.VpcID)
 	str("subnetGroupName", &cfg.SubnetGroupName)
+	str("outboxRetention", &cfg.OutboxRetention)
+	str("inboxRetention", &cfg.InboxRetention)
 	var endpoints string
 	str("createEndpoints", &endpoints)
 	if endpoints != "" {

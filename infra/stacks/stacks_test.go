@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/assertions"
@@ -628,19 +629,30 @@ func TestLeastPrivilegeGrants(t *testing.T) {
 	}
 }
 
+// scheduleFor returns the one schedule whose target is fn.
+func scheduleFor(t *testing.T, tpl template, fn resource) map[string]any {
+	t.Helper()
+	var found []map[string]any
+	for _, s := range tpl.resources("AWS::Scheduler::Schedule") {
+		if refID(dig(s.Props, "Target", "Arn")) == fn.ID {
+			found = append(found, s.Props)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("%d schedules target %s, want 1", len(found), fn.ID)
+	}
+	return found[0]
+}
+
 func TestDispatcherSchedule(t *testing.T) {
 	tpl := awsStacks(t).stateless
 	fns := functions(t, tpl)
-	scheds := tpl.resources("AWS::Scheduler::Schedule")
-	if len(scheds) != 1 {
-		t.Fatalf("%d schedules", len(scheds))
+	if n := len(tpl.resources("AWS::Scheduler::Schedule")); n != 2 {
+		t.Fatalf("%d schedules, want the dispatcher's and the retention one", n)
 	}
-	s := scheds[0].Props
+	s := scheduleFor(t, tpl, fns["dispatcher"])
 	if s["ScheduleExpression"] != "rate(1 minute)" {
 		t.Errorf("ScheduleExpression = %v", s["ScheduleExpression"])
-	}
-	if refID(dig(s, "Target", "Arn")) != fns["dispatcher"].ID {
-		t.Errorf("target %v is not the dispatcher", dig(s, "Target", "Arn"))
 	}
 	dlq := tpl.resource(refID(dig(s, "Target", "DeadLetterConfig", "Arn")))
 	if dlq.Type != "AWS::SQS::Queue" {
@@ -661,6 +673,31 @@ func TestDispatcherSchedule(t *testing.T) {
 	}
 	if cfg == nil || num(cfg.Props["MaximumRetryAttempts"]) != 0 {
 		t.Errorf("dispatcher async retries not disabled")
+	}
+}
+
+// A daily schedule runs the redrive function's prune with the configured
+// retentions; the inbox keeps rows longer than the DLQs keep messages.
+func TestRetentionSchedule(t *testing.T) {
+	tpl := awsStacks(t).stateless
+	fns := functions(t, tpl)
+	s := scheduleFor(t, tpl, fns["redrive"])
+	if s["ScheduleExpression"] != "cron(17 3 * * ? *)" {
+		t.Errorf("ScheduleExpression = %v, want daily at 03:17", s["ScheduleExpression"])
+	}
+	var input map[string]any
+	if err := json.Unmarshal([]byte(fmt.Sprint(dig(s, "Target", "Input"))), &input); err != nil {
+		t.Fatalf("target input %v: %v", dig(s, "Target", "Input"), err)
+	}
+	cfg := stacks.DefaultConfig()
+	if input["operation"] != "prune" || input["older_than"] != cfg.OutboxRetention || input["inbox_older_than"] != cfg.InboxRetention {
+		t.Errorf("target input %v, want prune with %s and %s", input, cfg.OutboxRetention, cfg.InboxRetention)
+	}
+	if d, _ := time.ParseDuration(cfg.InboxRetention); d <= stacks.DLQRetentionDays*24*time.Hour {
+		t.Errorf("inbox retention %s does not outlast the DLQs' %d days", cfg.InboxRetention, stacks.DLQRetentionDays)
+	}
+	if tpl.resource(refID(dig(s, "Target", "DeadLetterConfig", "Arn"))).Type != "AWS::SQS::Queue" {
+		t.Errorf("retention schedule has no DLQ: %v", dig(s, "Target", "DeadLetterConfig"))
 	}
 }
 
@@ -777,6 +814,7 @@ func TestAlarms(t *testing.T) {
 		"Fifobox-" + stacks.AlarmDispatcherErrors:  {"Errors", th.DispatcherErrors, "notBreaching"},
 		"Fifobox-" + stacks.AlarmDispatcherThrottl: {"Throttles", th.DispatcherThrottles, "notBreaching"},
 		"Fifobox-" + stacks.AlarmScheduleDLQ:       {"ApproximateNumberOfMessagesVisible", th.ScheduleDLQVisibleMessages, "notBreaching"},
+		"Fifobox-" + stacks.AlarmOperationsErrors:  {"Errors", th.OperationsErrors, "notBreaching"},
 	}
 	for _, c := range topology.Default().Consumers {
 		wants["Fifobox-"+stacks.AlarmConsumerLag+"-"+c.Name] = want{stacks.MetricConsumerLagSeconds, th.ConsumerLagSeconds, "notBreaching"}
@@ -907,7 +945,7 @@ func TestLocalVariant(t *testing.T) {
 		queueByName(t, tpl, c.DLQName())
 	}
 	if len(tpl.resources("AWS::Lambda::EventSourceMapping")) != len(topology.Default().Consumers) ||
-		len(tpl.resources("AWS::Scheduler::Schedule")) != 1 || len(tpl.resources("Custom::Trigger")) != 1 {
+		len(tpl.resources("AWS::Scheduler::Schedule")) != 2 || len(tpl.resources("Custom::Trigger")) != 1 {
 		t.Errorf("local variant lacks mappings, schedule or migration trigger")
 	}
 }
@@ -929,6 +967,18 @@ func TestConfigValidation(t *testing.T) {
 	cfg.Topology.Consumers[0].VisibilityTimeoutSeconds = 5 * cfg.Topology.Consumers[0].FunctionTimeoutSeconds
 	if err := cfg.Validate(); err == nil {
 		t.Errorf("visibility timeout below 6x the function timeout accepted")
+	}
+	for _, c := range []struct{ outbox, inbox, field string }{
+		{"a week", "720h", "outbox retention"},
+		{"0s", "720h", "outbox retention"},
+		{"168h", "336h", "inbox retention"}, // exactly the DLQs' 14 days: a redriven message could outlive its inbox row
+		{"168h", "30d", "inbox retention"},
+	} {
+		cfg = testConfig()
+		cfg.OutboxRetention, cfg.InboxRetention = c.outbox, c.inbox
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), c.field) {
+			t.Errorf("retentions %q, %q: err = %v, want one naming the %s", c.outbox, c.inbox, err, c.field)
+		}
 	}
 }
 

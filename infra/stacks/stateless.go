@@ -53,10 +53,12 @@ type Pipeline struct {
 	Redrive     awslambda.Function
 	ScheduleDLQ awssqs.Queue
 	Schedule    awsscheduler.Schedule
-	Migrate     triggers.Trigger
-	AlarmTopic  awssns.Topic
-	Alarms      []awscloudwatch.Alarm
-	Dashboard   awscloudwatch.Dashboard
+	// RetentionSchedule invokes the redrive function's prune daily.
+	RetentionSchedule awsscheduler.Schedule
+	Migrate           triggers.Trigger
+	AlarmTopic        awssns.Topic
+	Alarms            []awscloudwatch.Alarm
+	Dashboard         awscloudwatch.Dashboard
 }
 
 // StatelessStack is the pipeline in AWS: functions in the VPC of the
@@ -139,7 +141,7 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 			Encryption:          awssqs.QueueEncryption_KMS,
 			EncryptionMasterKey: p.QueueKey,
 			EnforceSSL:          jsii.Bool(true),
-			RetentionPeriod:     awscdk.Duration_Days(jsii.Number(14)),
+			RetentionPeriod:     awscdk.Duration_Days(jsii.Number(DLQRetentionDays)),
 		})
 		qp := &awssqs.QueueProps{
 			QueueName:                 jsii.String(cfg.ResourceName(c.QueueName())),
@@ -279,7 +281,7 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 		AssumedBy: awsiam.NewServicePrincipal(jsii.String("scheduler.amazonaws.com"), &awsiam.ServicePrincipalOpts{
 			Conditions: &map[string]any{"StringEquals": map[string]any{"aws:SourceAccount": stack.Account()}},
 		}),
-		Description: jsii.String("EventBridge Scheduler: invoke the fifobox dispatcher, dead-letter to its DLQ"),
+		Description: jsii.String("EventBridge Scheduler: invoke the fifobox dispatcher and the daily prune, dead-letter to the schedule DLQ"),
 	})
 	keyUse(schedRole, p.QueueKey)
 	p.Schedule = awsscheduler.NewSchedule(stack, jsii.String("DispatcherSchedule"), &awsscheduler.ScheduleProps{
@@ -294,14 +296,33 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 	})
 	p.Schedule.Node().AddDependency(p.Migrate)
 
+	// Retention, daily at a quiet hour: the redrive function's prune deletes
+	// sent events and inbox rows past their retention, in bounded batches,
+	// stopping before its timeout (the next day continues). Audited like any
+	// operator action.
+	p.RetentionSchedule = awsscheduler.NewSchedule(stack, jsii.String("RetentionSchedule"), &awsscheduler.ScheduleProps{
+		Description: jsii.String("Prunes sent outbox events and old inbox rows daily"),
+		Schedule:    awsscheduler.ScheduleExpression_Cron(&awsscheduler.CronOptionsWithTimezone{Hour: jsii.String("3"), Minute: jsii.String("17")}),
+		Target: awsschedulertargets.NewLambdaInvoke(redrive, &awsschedulertargets.ScheduleTargetBaseProps{
+			Role:            schedRole,
+			DeadLetterQueue: p.ScheduleDLQ,
+			RetryAttempts:   jsii.Number(2),
+			Input: awsscheduler.ScheduleTargetInput_FromObject(map[string]any{
+				"operation": "prune", "actor": "schedule:retention",
+				"older_than": cfg.OutboxRetention, "inbox_older_than": cfg.InboxRetention,
+			}),
+		}),
+	})
+	p.RetentionSchedule.Node().AddDependency(p.Migrate)
+
 	cdknag.NagSuppressions_AddResourceSuppressions(p.ScheduleDLQ, &[]*cdknag.NagPackSuppression{{
 		Id:     jsii.String("AwsSolutions-SQS3"),
-		Reason: jsii.String("This queue is the EventBridge Scheduler dead-letter queue of the dispatcher schedule (a schedule target DLQ, which cdk-nag does not recognise); it is alarmed on."),
+		Reason: jsii.String("This queue is the EventBridge Scheduler dead-letter queue of the dispatcher and retention schedules (a schedule target DLQ, which cdk-nag does not recognise); it is alarmed on."),
 	}}, nil)
 	cdknag.NagSuppressions_AddResourceSuppressions(schedRole, &[]*cdknag.NagPackSuppression{{
 		Id:        jsii.String("AwsSolutions-IAM5"),
-		Reason:    jsii.String("CDK's LambdaInvoke target grants lambda:InvokeFunction on the dispatcher and its versions (<arn>:*); the role can invoke nothing else."),
-		AppliesTo: &[]any{cdknag.RegexAppliesTo{Regex: jsii.String(`/^Resource::<Dispatcher[A-Za-z0-9]+\.Arn>:\*$/g`)}},
+		Reason:    jsii.String("CDK's LambdaInvoke targets grant lambda:InvokeFunction on the dispatcher and the redrive function (daily prune) and their versions (<arn>:*); the role can invoke nothing else."),
+		AppliesTo: &[]any{cdknag.RegexAppliesTo{Regex: jsii.String(`/^Resource::<(Dispatcher|Redrive)[A-Za-z0-9]+\.Arn>:\*$/g`)}},
 	}}, jsii.Bool(true))
 
 	newAlarms(stack, cfg, p)

@@ -88,8 +88,8 @@ func Process(ctx context.Context, db DB, consumer string, e envelope.Envelope, f
 // 5-minute dedup window (default 30 days): a pruned event delivered again
 // would be applied again.
 func Prune(ctx context.Context, db DB, olderThan time.Duration, batch int) (int64, error) {
-	if olderThan < 10*time.Minute {
-		return 0, fmt.Errorf("inbox prune: olderThan %s is inside the dedup window; keep at least 10m (default 720h)", olderThan)
+	if olderThan < MinRetention {
+		return 0, fmt.Errorf("inbox prune: olderThan %s is inside the dedup window; keep at least %s (default %s)", olderThan, MinRetention, DefaultRetention)
 	}
 	if batch < 1 {
 		return 0, errors.New("inbox prune: batch must be at least 1")
@@ -111,8 +111,14 @@ func Prune(ctx context.Context, db DB, olderThan time.Duration, batch int) (int6
 	}
 }
 
-// DefaultRetention is how long inbox rows are kept by default.
+// DefaultRetention is how long inbox rows are kept by default: longer than
+// any DLQ keeps a message (14 days at most), so a redriven message that was
+// applied before is still recognised.
 const DefaultRetention = 30 * 24 * time.Hour
+
+// MinRetention is the shortest retention Prune accepts: twice the SNS/SQS
+// 5-minute deduplication window.
+const MinRetention = 10 * time.Minute
 
 // PermanentError marks a side-effect failure that retrying cannot fix: the
 // handler sends the message to the DLQ at once instead of retrying.

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fifobox/fifobox/migrations"
+	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/outbox"
 )
 
@@ -122,31 +123,69 @@ ORDER BY id LIMIT $2`, cmd.AggregateType, limit)
 	return Result{Operation: cmd.Operation, Affected: int64(len(items)), Dead: items}, nil
 }
 
+// pruneMargin is how long before its invocation's deadline prune stops
+// starting batches: it reports what it deleted, and the next run continues.
+const pruneMargin = 5 * time.Second
+
 func (s *Service) prune(ctx context.Context, cmd Command) (Result, error) {
-	older := defaultPruneAg
-	if cmd.OlderThan != "" {
-		d, err := time.ParseDuration(cmd.OlderThan)
-		if err != nil || d < 0 {
-			return Result{}, fmt.Errorf("older_than %q: want a duration such as 168h", cmd.OlderThan)
-		}
-		older = d
+	older, err := retention("older_than", cmd.OlderThan, defaultPruneAge, 0)
+	if err != nil {
+		return Result{}, err
+	}
+	// The inbox keeps rows past the SNS/SQS dedup window at the very least
+	// (inbox.Prune refuses less): checked before anything is deleted.
+	inboxOlder, err := retention("inbox_older_than", cmd.InboxOlderThan, inbox.DefaultRetention, inbox.MinRetention)
+	if err != nil {
+		return Result{}, err
 	}
 	if cmd.DryRun {
-		var n int64
+		var n, m int64
 		if err := s.db.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE state = 'sent' AND sent_at < $1`, time.Now().Add(-older)).Scan(&n); err != nil {
 			return Result{}, fmt.Errorf("count prunable events: %w", err)
 		}
-		return Result{Operation: cmd.Operation, DryRun: true, Affected: n, Message: fmt.Sprintf("would delete %d sent events older than %s", n, older)}, nil
+		if err := s.db.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE processed_at < $1`, time.Now().Add(-inboxOlder)).Scan(&m); err != nil {
+			return Result{}, fmt.Errorf("count prunable inbox rows: %w", err)
+		}
+		return Result{Operation: cmd.Operation, DryRun: true, Affected: n + m,
+			Message: fmt.Sprintf("would delete %d sent events older than %s and %d inbox rows older than %s", n, older, m, inboxOlder)}, nil
 	}
 	id, err := s.auditStart(ctx, s.db, cmd)
 	if err != nil {
 		return Result{}, err
 	}
-	n, err := outbox.Prune(ctx, s.db, older, 5000)
-	if ferr := s.auditFinish(ctx, id, cmd, n, err); err == nil {
+	budget := ctx
+	if dl, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		budget, cancel = context.WithDeadline(ctx, dl.Add(-pruneMargin))
+		defer cancel()
+	}
+	n, err := outbox.Prune(budget, s.db, older, 5000)
+	var m int64
+	if err == nil {
+		m, err = inbox.Prune(budget, s.db, inboxOlder, 5000)
+	}
+	msg := fmt.Sprintf("deleted %d sent events older than %s and %d inbox rows older than %s", n, older, m, inboxOlder)
+	if err != nil && ctx.Err() == nil && budget.Err() != nil {
+		// Out of time, not failed: what was deleted stays deleted.
+		err = nil
+		msg += "; stopped at the invocation's time limit, the next run continues"
+	}
+	if ferr := s.auditFinish(ctx, id, cmd, n+m, err); err == nil {
 		err = ferr
 	}
-	return Result{Operation: cmd.Operation, AuditID: id, Affected: n, Message: fmt.Sprintf("deleted %d sent events older than %s", n, older)}, err
+	return Result{Operation: cmd.Operation, AuditID: id, Affected: n + m, Message: msg}, err
+}
+
+// retention parses a prune retention field: def when empty, at least min.
+func retention(field, v string, def, min time.Duration) (time.Duration, error) {
+	if v == "" {
+		return def, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < min {
+		return 0, fmt.Errorf("%s %q: want a duration of at least %s, such as %s", field, v, min, def)
+	}
+	return d, nil
 }
 
 // selection builds the WHERE clause shared by requeue-dead and replay.

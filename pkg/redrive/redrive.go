@@ -38,17 +38,17 @@ import (
 
 // Operations.
 const (
-	OpMigrate      = "migrate"
-	OpStatus       = "status"
-	OpDeadList     = "dead-list"
-	OpRequeueDead  = "requeue-dead"
-	OpReplay       = "replay"
-	OpDLQRedrive   = "dlq-redrive"
-	OpPrune        = "prune"
-	defaultMax     = 100_000
-	sqsBatchSize   = 9 // SQS allows 10; some emulators reorder a 10-entry batch
-	defaultLimit   = 100
-	defaultPruneAg = 7 * 24 * time.Hour
+	OpMigrate       = "migrate"
+	OpStatus        = "status"
+	OpDeadList      = "dead-list"
+	OpRequeueDead   = "requeue-dead"
+	OpReplay        = "replay"
+	OpDLQRedrive    = "dlq-redrive"
+	OpPrune         = "prune"
+	defaultMax      = 100_000
+	sqsBatchSize    = 9 // SQS allows 10; some emulators reorder a 10-entry batch
+	defaultLimit    = 100
+	defaultPruneAge = 7 * 24 * time.Hour
 )
 
 // allOperations lists every operation, in the order the docs give them.
@@ -95,8 +95,14 @@ type Command struct {
 	Max int `json:"max,omitempty"`
 	// Limit bounds dead-list rows (default 100).
 	Limit int `json:"limit,omitempty"`
-	// OlderThan is prune's retention, a Go duration such as "168h" (default 7 days).
+	// OlderThan is prune's retention of sent outbox events, a Go duration
+	// such as "168h" (default 7 days).
 	OlderThan string `json:"older_than,omitempty"`
+	// InboxOlderThan is prune's retention of inbox rows (default 720h, 30
+	// days). Keep it longer than the DLQs' message retention (14 days at
+	// most): a message redriven from a DLQ is recognised as applied only
+	// while its inbox row exists.
+	InboxOlderThan string `json:"inbox_older_than,omitempty"`
 }
 
 // Result is an operation's outcome (the Lambda's response; the CLI prints it).
