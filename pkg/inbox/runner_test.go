@@ -22,6 +22,7 @@ import (
 	"github.com/fifobox/fifobox/pkg/outbox/snspub"
 	"github.com/fifobox/fifobox/pkg/readmodel"
 	"github.com/fifobox/fifobox/pkg/topology"
+	"github.com/fifobox/fifobox/pkg/topology/provision"
 )
 
 func oneConsumer(maxReceive int) topology.Topology {
@@ -30,6 +31,21 @@ func oneConsumer(maxReceive int) topology.Topology {
 		Consumers: []topology.Consumer{{Name: "c", MaxReceiveCount: maxReceive, FunctionTimeoutSeconds: 1,
 			VisibilityTimeoutSeconds: 6, MaxConcurrency: 2}},
 	}
+}
+
+// consumerSetup gives a test its own schema, its own one-consumer topology
+// ("c", maxReceiveCount maxReceive, visibility timeout 6s) on the emulator,
+// and the inbox handler (testApply) for that consumer.
+func consumerSetup(t *testing.T, maxReceive int) (*pgtest.DB, *emulatortest.Env, provision.Queue, *inbox.Handler) {
+	t.Helper()
+	db := newDB(t)
+	env := emulatortest.New(t, oneConsumer(maxReceive), 6)
+	q := env.Queues["c"]
+	h, err := inbox.NewHandler(db.Pool, env.SQS, testApply, inbox.HandlerConfig{Consumer: "c", DLQURL: q.DLQURL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return db, env, q, h
 }
 
 func publish(t *testing.T, env *emulatortest.Env, evs ...envelope.Envelope) {
@@ -82,13 +98,7 @@ func runUntil(t *testing.T, r *inbox.Runner, done func() bool, within time.Durat
 // maxReceiveCount receives; then its group continues. Other groups are never held up.
 func TestPoisonMessageMovesToDLQAndGroupContinues(t *testing.T) {
 	t.Parallel()
-	db := newDB(t)
-	env := emulatortest.New(t, oneConsumer(3), 6)
-	q := env.Queues["c"]
-	h, err := inbox.NewHandler(db.Pool, env.SQS, testApply, inbox.HandlerConfig{Consumer: "c", DLQURL: q.DLQURL})
-	if err != nil {
-		t.Fatal(err)
-	}
+	db, env, q, h := consumerSetup(t, 3)
 	// X/1 always fails transiently (see testApply).
 	poison, x2, x3, y1, y2 := ev("X", 1), ev("X", 2), ev("X", 3), ev("Y", 1), ev("Y", 2)
 	publish(t, env, poison, y1)
@@ -123,10 +133,7 @@ func TestPoisonMessageMovesToDLQAndGroupContinues(t *testing.T) {
 // An invalid envelope goes to the DLQ at once, with the reason.
 func TestInvalidEnvelopeToDLQAtOnce(t *testing.T) {
 	t.Parallel()
-	db := newDB(t)
-	env := emulatortest.New(t, oneConsumer(5), 6)
-	q := env.Queues["c"]
-	h, _ := inbox.NewHandler(db.Pool, env.SQS, testApply, inbox.HandlerConfig{Consumer: "c", DLQURL: q.DLQURL})
+	db, env, q, h := consumerSetup(t, 5)
 	good := ev("I", 2)
 	b, _ := good.Encode()
 	for i, body := range []string{`{"v":1,"id":"not-a-uuid"}`, string(b)} {
@@ -280,13 +287,7 @@ func TestEndToEndThroughConsumerWithDuplicates(t *testing.T) {
 // are applied and deleted, not failed and left in flight.
 func TestRunnerFinishesTheBatchInHandWhenStopped(t *testing.T) {
 	t.Parallel()
-	db := newDB(t)
-	env := emulatortest.New(t, oneConsumer(5), 6)
-	q := env.Queues["c"]
-	h, err := inbox.NewHandler(db.Pool, env.SQS, testApply, inbox.HandlerConfig{Consumer: "c", DLQURL: q.DLQURL})
-	if err != nil {
-		t.Fatal(err)
-	}
+	db, env, q, h := consumerSetup(t, 5)
 	e1, e2 := ev("S", 1), ev("S", 2)
 	publish(t, env, e1, e2)
 	ctx, stop := context.WithCancel(context.Background())
