@@ -176,14 +176,14 @@ func (s *Service) prune(ctx context.Context, cmd Command) (Result, error) {
 	return Result{Operation: cmd.Operation, AuditID: id, Affected: n + m, Message: msg}, err
 }
 
-// retention parses a prune retention field: def when empty, at least min.
-func retention(field, v string, def, min time.Duration) (time.Duration, error) {
+// retention parses a prune retention field: def when empty, at least least.
+func retention(field, v string, def, least time.Duration) (time.Duration, error) {
 	if v == "" {
 		return def, nil
 	}
 	d, err := time.ParseDuration(v)
-	if err != nil || d < min {
-		return 0, fmt.Errorf("%s %q: want a duration of at least %s, such as %s", field, v, min, def)
+	if err != nil || d < least {
+		return 0, fmt.Errorf("%s %q: want a duration of at least %s, such as %s", field, v, least, def)
 	}
 	return d, nil
 }
