@@ -16,6 +16,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -384,7 +385,9 @@ func produce(ctx context.Context, cfg Config, d Deps, runID string, enqueued *pr
 			}
 		}
 		if j.step+1 < len(steps) {
-			jobs = append(jobs, job{j.order, j.step + 1})
+			// Anywhere among the waiting jobs: paid and shipped events
+			// flow from the start, however many orders.
+			jobs = slices.Insert(jobs, rand.IntN(len(jobs)+1), job{j.order, j.step + 1})
 		}
 		next = next.Add(interval)
 		if wait := time.Until(next); wait > 0 {
