@@ -299,7 +299,9 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 	// Retention, daily at a quiet hour: the redrive function's prune deletes
 	// sent events and inbox rows past their retention, in bounded batches,
 	// stopping before its timeout (the next day continues). Audited like any
-	// operator action.
+	// operator action. The input is redrive.Command's JSON, written out here
+	// to keep this module free of the application's dependencies;
+	// TestRetentionSchedulePayloadDecodes (pkg/lambdafn/redrive) checks it.
 	p.RetentionSchedule = awsscheduler.NewSchedule(stack, jsii.String("RetentionSchedule"), &awsscheduler.ScheduleProps{
 		Description: jsii.String("Prunes sent outbox events and old inbox rows daily"),
 		Schedule:    awsscheduler.ScheduleExpression_Cron(&awsscheduler.CronOptionsWithTimezone{Hour: jsii.String("3"), Minute: jsii.String("17")}),

@@ -220,6 +220,9 @@ func (s *Service) Execute(ctx context.Context, cmd Command) (Result, error) {
 	if cmd.Max < 0 {
 		return Result{}, errors.New("max must be positive")
 	}
+	if err := CheckOperation(cmd.Operation); err != nil {
+		return Result{}, err
+	}
 	var (
 		res Result
 		err error
@@ -239,8 +242,8 @@ func (s *Service) Execute(ctx context.Context, cmd Command) (Result, error) {
 		res, err = s.dlqRedrive(ctx, cmd)
 	case OpPrune:
 		res, err = s.prune(ctx, cmd)
-	default:
-		return Result{}, CheckOperation(cmd.Operation)
+	default: // listed in allOperations but not handled here
+		return Result{}, fmt.Errorf("operation %q is not implemented", cmd.Operation)
 	}
 	// Dry runs change nothing but are audited too: who looked at moving what.
 	if err == nil && cmd.DryRun && res.AuditID == 0 {

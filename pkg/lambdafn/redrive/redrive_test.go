@@ -2,6 +2,8 @@ package redrive_test
 
 import (
 	"context"
+	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -86,5 +88,22 @@ func TestDefaultOperationIsCheckedAtInit(t *testing.T) {
 	}
 	if _, err := lambdaredrive.New(nil, lambdaredrive.Config{}); err == nil {
 		t.Fatal("New(nil) succeeded")
+	}
+}
+
+// The daily retention schedule (infra/stacks/stateless.go, RetentionSchedule)
+// invokes the function with this JSON, written out by hand in the CDK
+// module: it must decode into the prune it means.
+func TestRetentionSchedulePayloadDecodes(t *testing.T) {
+	const payload = `{"operation":"prune","actor":"schedule:retention","older_than":"168h","inbox_older_than":"720h"}`
+	var cmd redrive.Command
+	dec := json.NewDecoder(strings.NewReader(payload))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&cmd); err != nil {
+		t.Fatalf("decode %s: %v", payload, err)
+	}
+	want := redrive.Command{Operation: redrive.OpPrune, Actor: "schedule:retention", OlderThan: "168h", InboxOlderThan: "720h"}
+	if !reflect.DeepEqual(cmd, want) {
+		t.Errorf("decoded %+v, want %+v", cmd, want)
 	}
 }
