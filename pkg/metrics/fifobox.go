@@ -22,6 +22,12 @@ const (
 	MetricOldestPendingAgeSeconds = "OldestPendingAgeSeconds" // publish lag of the oldest pending event (Seconds)
 	MetricDeadEvents              = "DeadEvents"              // dead rows now (Count)
 	MetricParkedAggregates        = "ParkedAggregates"        // aggregates held back by a dead event (Count)
+	// The backlog split by what it means (each alarms on its own):
+	MetricDueEvents          = "OutboxDueEvents"        // unsent events publishable now or in flight: not backing off, not parked (Count)
+	MetricBackingOffEvents   = "OutboxBackingOffEvents" // unsent events of aggregates whose head waits out a retry backoff (Count)
+	MetricParkedEvents       = "OutboxParkedEvents"     // unsent events held behind a dead head, the dead head included (Count)
+	MetricOldestDueAgeSecond = "OldestDueAgeSeconds"    // publish lag: age of the oldest due event, parked and backing-off ones excluded (Seconds)
+	MetricRetryingAggregates = "RetryingAggregates"     // aggregates whose head is backing off after a retryable publish failure (Count)
 	// Counters, summed over batches.
 	MetricPublished        = "Published"        // events the broker acknowledged (Count)
 	MetricRetries          = "Retries"          // publish failures scheduled for retry (Count)

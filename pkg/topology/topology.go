@@ -53,6 +53,13 @@ func (c Consumer) QueueName() string { return c.Name + ".fifo" }
 // DLQName is the consumer's FIFO dead-letter queue name.
 func (c Consumer) DLQName() string { return c.Name + "-dlq.fifo" }
 
+// SubscriptionDLQName is the FIFO dead-letter queue of the consumer's SNS
+// subscription: messages SNS could not deliver to the consumer's queue (a
+// disabled KMS key, a changed queue policy, a deleted queue) land here
+// instead of being dropped. `fifobox redrive` moves them to the consumer's
+// queue in group order.
+func (c Consumer) SubscriptionDLQName() string { return c.Name + "-sub-dlq.fifo" }
+
 // FilterPolicy returns the SNS subscription filter policy JSON, or "" for none.
 func (c Consumer) FilterPolicy() string {
 	if len(c.Filter) == 0 {
