@@ -23,6 +23,11 @@ var files embed.FS
 // several processes at once: a session advisory lock, keyed by the target
 // schema, serialises concurrent callers.
 func Up(ctx context.Context, pool *pgxpool.Pool) error {
+	return UpTo(ctx, pool, goose.MaxVersion)
+}
+
+// UpTo is Up stopping at version (upgrade tests start from an older schema).
+func UpTo(ctx context.Context, pool *pgxpool.Pool, version int64) error {
 	var schema string
 	if err := pool.QueryRow(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
 		return fmt.Errorf("migrate: read current schema: %w", err)
@@ -45,7 +50,7 @@ func Up(ctx context.Context, pool *pgxpool.Pool) error {
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
-	results, err := p.Up(ctx)
+	results, err := p.UpTo(ctx, version)
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}

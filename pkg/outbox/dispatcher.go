@@ -25,12 +25,22 @@ type DB interface {
 
 // DispatcherConfig tunes a Dispatcher. Zero fields take their defaults.
 type DispatcherConfig struct {
-	// BatchSize is the most rows one claim takes. Default 500.
+	// BatchSize is the most events one claim takes. Default 500.
 	BatchSize int
+	// MaxRun is the most consecutive events of one aggregate one claim takes.
+	// Default BatchSize. The run actually claimed is also bounded by
+	// RunBudget.
+	MaxRun int
+	// RunBudget is how long publishing one aggregate's run may take: a run
+	// goes out one event per call, each after the previous one was
+	// acknowledged, so the dispatcher sizes runs to RunBudget divided by the
+	// publish latency it measures (at least 1, at most MaxRun). Other
+	// aggregates of the batch wait for the longest run before their next
+	// events can be claimed. Default 100ms.
+	RunBudget time.Duration
 	// PublishBatchSize is the most messages per Publisher.Publish call.
-	// Default 10, the SNS limit. Entry order inside a call never matters:
-	// a claim holds at most one event per aggregate (and snspub sends each
-	// group's messages in separate calls, one after the other, regardless).
+	// Default 10, the SNS limit. A call never holds two events of one
+	// aggregate (see Publisher).
 	PublishBatchSize int
 	// PublishConcurrency is how many Publish calls of one batch run at once. Default 16.
 	PublishConcurrency int
@@ -41,23 +51,43 @@ type DispatcherConfig struct {
 	Workers int
 	// PollInterval is the pause between claims when nothing is due. Default
 	// 25ms: it bounds commit-to-publish latency (see make bench), and an idle
-	// claim on the partial pending index costs PostgreSQL next to nothing.
+	// claim reads an empty index.
 	PollInterval time.Duration
-	// MaxAttempts is how many publish attempts an event gets before it is dead. Default 10.
+	// MaxWakeups is how many producer wake-ups one claim consumes at most.
+	// Default 4 x BatchSize.
+	MaxWakeups int
+	// RetryFor is how long an event keeps retrying retryable publish
+	// failures (throttling, 5xx, network, an SNS, KMS or VPC endpoint outage)
+	// before it goes dead and parks its aggregate. Default 24h: an outage
+	// shorter than that parks nothing; the RetryingAggregates gauge alarms
+	// while it lasts. Permanent failures go dead at once.
+	RetryFor time.Duration
+	// MaxAttempts optionally also caps publish attempts per event (0, the
+	// default: no cap, RetryFor decides).
 	MaxAttempts int
 	// BackoffBase and BackoffCap shape the retry delay: uniform in
 	// [0, min(BackoffCap, BackoffBase*2^(attempt-1))] ("full jitter").
 	// Defaults 1s and 5m.
 	BackoffBase time.Duration
 	BackoffCap  time.Duration
-	// Lease is how long a claim stays with its dispatcher; after it, a row whose
-	// outcome was never recorded (crash) is claimed again. Default 60s.
+	// Lease is how long a claim stays with its dispatcher; after it, a run
+	// whose outcome was never recorded (crash) is claimed again. A batch
+	// stops publishing early enough to record its outcomes inside its lease
+	// (see MarkTimeout). Default 60s.
 	Lease time.Duration
-	// PublishTimeout bounds one Publish call; it must be shorter than Lease. Default 20s.
+	// PublishTimeout bounds one Publish call (and a claim). Default 20s.
 	PublishTimeout time.Duration
+	// MarkTimeout is the time kept to record a batch's outcomes (retries
+	// included): a batch stops publishing MarkTimeout before its lease ends
+	// or before the context's deadline, whichever is first. Default 2s.
+	MarkTimeout time.Duration
 	// DeadlineMargin: Drain and Run start no claim when the context deadline is
-	// closer than this, so an invocation ends with nothing half-done. Default 3s.
+	// closer than this, so an invocation ends with nothing half-done. It must
+	// exceed MarkTimeout. Default 3s.
 	DeadlineMargin time.Duration
+	// LogAggregateIDs adds aggregate ids to log lines. Off by default:
+	// aggregate ids may carry personal data (FIFOBOX_LOG_AGGREGATE_IDS).
+	LogAggregateIDs bool
 	// Logger receives structured logs (never payloads). Default slog.Default().
 	Logger *slog.Logger
 	// OnBatch, if set, is called after each non-empty batch (for metrics).
@@ -76,44 +106,60 @@ func (c *DispatcherConfig) setDefaults() {
 		}
 	}
 	def(&c.BatchSize, 500)
+	def(&c.MaxRun, c.BatchSize)
 	def(&c.PublishBatchSize, 10)
 	def(&c.PublishConcurrency, 16)
 	def(&c.Workers, 4)
-	def(&c.MaxAttempts, 10)
+	def(&c.MaxWakeups, 4*c.BatchSize)
+	defd(&c.RunBudget, 100*time.Millisecond)
 	defd(&c.PollInterval, 25*time.Millisecond)
+	defd(&c.RetryFor, 24*time.Hour)
 	defd(&c.BackoffBase, time.Second)
 	defd(&c.BackoffCap, 5*time.Minute)
 	defd(&c.Lease, 60*time.Second)
 	defd(&c.PublishTimeout, 20*time.Second)
+	defd(&c.MarkTimeout, 2*time.Second)
 	defd(&c.DeadlineMargin, 3*time.Second)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 }
 
-// Validate reports the first invalid field.
+// Validate reports the first invalid field, and knobs whose relationship
+// would let a batch outlive its lease or an invocation's deadline.
 func (c DispatcherConfig) Validate() error {
 	switch {
 	case c.BatchSize < 1 || c.BatchSize > 10000:
 		return fmt.Errorf("BatchSize %d: must be 1-10000", c.BatchSize)
+	case c.MaxRun < 1 || c.MaxRun > c.BatchSize:
+		return fmt.Errorf("MaxRun %d: must be 1-BatchSize (%d)", c.MaxRun, c.BatchSize)
+	case c.RunBudget <= 0:
+		return fmt.Errorf("RunBudget %s: must be positive", c.RunBudget)
 	case c.PublishBatchSize < 1 || c.PublishBatchSize > 10:
 		return fmt.Errorf("PublishBatchSize %d: must be 1-10 (the SNS PublishBatch limit)", c.PublishBatchSize)
 	case c.PublishConcurrency < 1:
 		return fmt.Errorf("PublishConcurrency %d: must be at least 1", c.PublishConcurrency)
 	case c.Workers < 1:
 		return fmt.Errorf("Workers %d: must be at least 1", c.Workers)
-	case c.MaxAttempts < 1:
-		return fmt.Errorf("MaxAttempts %d: must be at least 1", c.MaxAttempts)
+	case c.MaxWakeups < 1:
+		return fmt.Errorf("MaxWakeups %d: must be at least 1", c.MaxWakeups)
+	case c.MaxAttempts < 0:
+		return fmt.Errorf("MaxAttempts %d: must not be negative (0: no cap)", c.MaxAttempts)
 	case c.PollInterval <= 0:
 		return fmt.Errorf("PollInterval %s: must be positive", c.PollInterval)
 	case c.BackoffBase <= 0 || c.BackoffCap < c.BackoffBase:
 		return fmt.Errorf("BackoffBase %s, BackoffCap %s: need 0 < base <= cap", c.BackoffBase, c.BackoffCap)
+	case c.RetryFor < c.BackoffCap:
+		return fmt.Errorf("RetryFor %s: must be at least BackoffCap %s (or an outage parks aggregates after one backoff)", c.RetryFor, c.BackoffCap)
 	case c.Lease < time.Second:
 		return fmt.Errorf("Lease %s: must be at least 1s", c.Lease)
-	case c.PublishTimeout <= 0 || c.PublishTimeout >= c.Lease:
-		return fmt.Errorf("PublishTimeout %s: must be positive and shorter than Lease %s", c.PublishTimeout, c.Lease)
-	case c.DeadlineMargin < 0:
-		return fmt.Errorf("DeadlineMargin %s: must not be negative", c.DeadlineMargin)
+	case c.PublishTimeout <= 0 || c.MarkTimeout <= 0:
+		return fmt.Errorf("PublishTimeout %s, MarkTimeout %s: must be positive", c.PublishTimeout, c.MarkTimeout)
+	case c.PublishTimeout+c.MarkTimeout >= c.Lease:
+		return fmt.Errorf("PublishTimeout %s + MarkTimeout %s: must be shorter than Lease %s, so a batch is published and recorded inside its lease",
+			c.PublishTimeout, c.MarkTimeout, c.Lease)
+	case c.DeadlineMargin <= c.MarkTimeout:
+		return fmt.Errorf("DeadlineMargin %s: must exceed MarkTimeout %s, so the last batch before a deadline has time to publish", c.DeadlineMargin, c.MarkTimeout)
 	}
 	return nil
 }
@@ -139,60 +185,63 @@ func (c DispatcherConfig) BackoffCeiling(attempt int) time.Duration {
 
 // BatchResult describes one claim-publish-mark cycle.
 type BatchResult struct {
+	// Claimed counts events claimed, in Runs runs (one per aggregate).
 	Claimed int
-	Sent    int
-	Retried int
-	Dead    int
-	// Lost counts rows whose lease expired before their outcome was recorded;
+	Runs    int
+	// Sent, Retried and Dead count events by outcome. Released counts events
+	// claimed but not published because their run stopped first (the batch's
+	// time limit, or an earlier event of the run failed): they stay pending,
+	// unattempted.
+	Sent     int
+	Retried  int
+	Dead     int
+	Released int
+	// Lost counts runs whose lease expired before their outcome was recorded;
 	// another dispatcher owns them now.
 	Lost int
 	// PublishDuration is the wall time of the publish step.
 	PublishDuration time.Duration
-	// Sent events' commit-to-publish ages are not known here; see Stats for lag.
 }
 
 // Totals are a dispatcher's cumulative counts since it was created.
 type Totals struct {
-	Claimed, Sent, Retried, Dead, Lost int64
+	Claimed, Sent, Retried, Dead, Released, Lost int64
 }
 
 // Dispatcher moves events from the outbox to a Publisher, preserving
 // per-aggregate order.
 //
-// Ordering design: the claim query takes only each aggregate's head, the
-// lowest-sequence event that is not yet sent, and only while no earlier event
-// of its aggregate is pending, claimed, retrying or dead. A claimed row keeps
-// state 'pending' under a lease, so event N+1 of an aggregate cannot be
-// claimed, by this or any other dispatcher, until N is marked sent, and a
-// retrying or dead event holds back only its own aggregate. FOR UPDATE SKIP
-// LOCKED lets any number of dispatchers claim disjoint heads concurrently
-// without coordination. We chose this over sharding aggregates across
-// dispatchers with leases because it needs no membership protocol, keeps
-// working with one dispatcher or fifty (overlapping Lambda invocations), and
-// needs no session state (RDS Proxy friendly). The price is one in-flight
-// event per aggregate: a single very hot aggregate publishes one event per
-// round trip, which is also what SNS FIFO's per-group ordering implies.
+// Ordering design: each aggregate has a head (outbox_heads, maintained by
+// the dispatcher; migrations/00009_outbox_heads.sql): the lowest unsent
+// sequence and when it is due. A claim takes due heads, oldest first, FOR
+// UPDATE SKIP LOCKED, and leases each with a run of its consecutive pending
+// events; while leased, no other claim takes the aggregate. A run is
+// published one event per Publish call, each only after the previous one was
+// acknowledged (a wave of calls per position in the runs, each call holding
+// one event of up to PublishBatchSize aggregates): SNS documents that a
+// PublishBatch publishes a FIFO group's entries in order and reports each
+// entry separately, but not what becomes of later entries of a group when
+// one fails, so two events of one group never share a call. At the first
+// failure the rest of the run stays pending behind it; a retrying or dead
+// head holds back only its own aggregate, and costs a claim nothing (it is
+// not due). Any number of dispatchers may run (overlapping Lambda
+// invocations); no session state is used (RDS Proxy friendly).
 type Dispatcher struct {
 	db  DB
 	pub Publisher
 	cfg DispatcherConfig
 	log *slog.Logger
 
-	mu  sync.Mutex
-	rnd *rand.Rand
+	mu      sync.Mutex
+	rnd     *rand.Rand
+	latency time.Duration // moving average of one Publish call
 
-	// claimMu guards the claim cursor: where the next claim starts in the
-	// current sweep (0: from the beginning), and span, the id range the last
-	// full batch covered.
-	claimMu sync.Mutex
-	cursor  int64
-	span    int64
 	// dbSlots bounds this dispatcher's concurrent statements (claims and
 	// marks) to two: more batches may be publishing at once (Workers), but
 	// more statements at once only contend for the database's CPU.
 	dbSlots chan struct{}
 
-	claimed, sent, retried, dead, lost atomic.Int64
+	claimed, sent, retried, dead, released, lost atomic.Int64
 }
 
 // NewDispatcher returns a Dispatcher reading from db and publishing with pub.
@@ -210,78 +259,94 @@ func NewDispatcher(db DB, pub Publisher, cfg DispatcherConfig) (*Dispatcher, err
 	return &Dispatcher{
 		db: db, pub: pub, cfg: cfg, log: cfg.Logger,
 		rnd:     rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+		latency: initialPublishLatency,
 		dbSlots: make(chan struct{}, 2),
 	}, nil
 }
+
+// initialPublishLatency is assumed until a Publish call has been timed: runs
+// start short (RunBudget / 10ms) and grow if the broker is faster.
+const initialPublishLatency = 10 * time.Millisecond
 
 // Config returns the effective configuration (defaults applied).
 func (d *Dispatcher) Config() DispatcherConfig { return d.cfg }
 
 // Totals returns cumulative counts.
 func (d *Dispatcher) Totals() Totals {
-	return Totals{Claimed: d.claimed.Load(), Sent: d.sent.Load(), Retried: d.retried.Load(), Dead: d.dead.Load(), Lost: d.lost.Load()}
+	return Totals{Claimed: d.claimed.Load(), Sent: d.sent.Load(), Retried: d.retried.Load(), Dead: d.dead.Load(),
+		Released: d.released.Load(), Lost: d.lost.Load()}
+}
+
+// run is one aggregate's claimed events, published in order.
+type run struct {
+	msgs  []Message
+	typ   string
+	id    string
+	wakes int64
+	// retrying is how long the head event has been failing (retryably) at
+	// claim time; negative if it is not retrying.
+	retrying time.Duration
+	// done counts messages acknowledged; err is msgs[done]'s failure.
+	done int
+	err  error
+}
+
+// emptyHead is a head a claim found with nothing to publish.
+type emptyHead struct {
+	typ, id string
+	wakes   int64
 }
 
 // RunOnce claims one batch, publishes it and records every outcome. Once a
 // batch is claimed it is finished even if ctx is cancelled (publishing and
-// marking use their own timeouts), so a stop never leaves rows half-done;
-// a crash leaves them leased, and they are claimed again after the lease.
+// marking use their own time limits, inside the lease and ctx's deadline),
+// so a stop never leaves rows half-done; a crash leaves them leased, and
+// they are claimed again after the lease.
 func (d *Dispatcher) RunOnce(ctx context.Context) (BatchResult, error) {
 	if err := ctx.Err(); err != nil {
 		return BatchResult{}, err
 	}
 	token := uuid.New()
-	msgs, err := d.claim(ctx, token)
+	claimedAt := time.Now()
+	runs, empties, err := d.claim(ctx, token)
 	if err != nil {
 		return BatchResult{}, err
 	}
-	if len(msgs) == 0 {
+	if len(empties) > 0 {
+		d.idle(ctx, empties)
+	}
+	if len(runs) == 0 {
 		return BatchResult{}, nil
 	}
-	res := BatchResult{Claimed: len(msgs)}
-	d.claimed.Add(int64(len(msgs)))
+	res := BatchResult{Runs: len(runs)}
+	for _, r := range runs {
+		res.Claimed += len(r.msgs)
+	}
+	d.claimed.Add(int64(res.Claimed))
 
 	work := context.WithoutCancel(ctx)
 	start := time.Now()
-	errs := d.publish(work, msgs)
+	d.publishRuns(work, runs, d.publishDeadline(ctx, claimedAt))
 	res.PublishDuration = time.Since(start)
 
-	ids := make([]int64, len(msgs))
-	outcomes := make([]string, len(msgs))
-	delays := make([]int64, len(msgs))
-	texts := make([]string, len(msgs))
-	for i, m := range msgs {
-		ids[i] = m.ID
-		switch err := errs[i]; {
-		case err == nil:
-			outcomes[i] = "sent"
-			res.Sent++
-		case IsPermanent(err) || m.Attempt >= d.cfg.MaxAttempts:
-			outcomes[i] = "dead"
-			texts[i] = truncate(err.Error(), 1000)
-			res.Dead++
-			d.log.Error("outbox event dead", "event_id", m.EventID, "aggregate_type", m.AggregateType,
-				"aggregate_id", m.GroupID, "sequence", m.Sequence, "attempts", m.Attempt, "error", texts[i])
-		default:
-			outcomes[i] = "retry"
-			texts[i] = truncate(err.Error(), 1000)
-			delays[i] = d.jitter(d.cfg.BackoffCeiling(m.Attempt)).Milliseconds()
-			res.Retried++
-		}
+	m := markArgs{token: token}
+	for _, r := range runs {
+		m.add(d, r, claimedAt, &res)
 	}
-	marked, err := d.mark(work, ids, outcomes, delays, texts, token)
+	marked, err := d.mark(work, m, d.markDeadline(ctx))
 	if err != nil {
-		// Outcomes not recorded: the rows stay leased and are published again
-		// after the lease (a duplicate, which SNS deduplicates by event id).
+		// Outcomes not recorded: the runs stay leased and are published again
+		// after the lease (duplicates, which SNS deduplicates by event id).
 		return res, err
 	}
-	res.Lost = len(msgs) - int(marked)
+	res.Lost = len(runs) - int(marked)
 	if res.Lost > 0 {
-		d.log.Warn("outbox claim lease expired before outcomes were recorded", "rows", res.Lost, "lease", d.cfg.Lease.String())
+		d.log.Warn("outbox claim lease expired before outcomes were recorded", "runs", res.Lost, "lease", d.cfg.Lease.String())
 	}
 	d.sent.Add(int64(res.Sent))
 	d.retried.Add(int64(res.Retried))
 	d.dead.Add(int64(res.Dead))
+	d.released.Add(int64(res.Released))
 	d.lost.Add(int64(res.Lost))
 	if d.cfg.OnBatch != nil {
 		d.cfg.OnBatch(res)
@@ -289,14 +354,49 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (BatchResult, error) {
 	return res, nil
 }
 
+// publishDeadline is when a batch claimed at claimedAt stops starting
+// Publish calls: MarkTimeout before its lease ends (its outcome is to be
+// recorded while the lease is its own; a second earlier, for clock drift
+// between this process and PostgreSQL) and MarkTimeout before ctx's
+// deadline (a Lambda invocation is killed at its deadline).
+func (d *Dispatcher) publishDeadline(ctx context.Context, claimedAt time.Time) time.Time {
+	end := claimedAt.Add(d.cfg.Lease - time.Second)
+	if dl, ok := ctx.Deadline(); ok {
+		end = minTime(end, dl.Add(-returnMargin))
+	}
+	return end.Add(-d.cfg.MarkTimeout)
+}
+
+// markDeadline bounds recording a batch's outcomes: MarkTimeout from now,
+// and never past ctx's deadline. (Past the lease is no reason not to try:
+// the claim token decides whether the outcome is still this batch's.)
+func (d *Dispatcher) markDeadline(ctx context.Context) time.Time {
+	end := time.Now().Add(d.cfg.MarkTimeout)
+	if dl, ok := ctx.Deadline(); ok {
+		end = minTime(end, dl.Add(-returnMargin))
+	}
+	return end
+}
+
+// returnMargin is kept before a context's deadline to return a Lambda
+// invocation's response.
+const returnMargin = 200 * time.Millisecond
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
 // Drain runs batches with Workers loops until nothing is due (the backlog is
 // empty or everything left is waiting for backoff or parked), ctx is done, or
 // ctx's deadline is closer than DeadlineMargin. It returns the first error.
 //
 // A claim that comes back short or empty does not mean the backlog is
-// drained: the next event of every aggregate in flight becomes claimable
-// only once its predecessor is marked sent. So Drain stops only when a claim
-// finds nothing while no other worker has a batch in flight.
+// drained: the next events of every aggregate in flight become claimable
+// only once the batch holding them is marked. So Drain stops only when a
+// claim finds nothing while no other worker has a batch in flight.
 func (d *Dispatcher) Drain(ctx context.Context) error {
 	stopAt, hasDeadline := d.stopAt(ctx)
 	var (
@@ -339,9 +439,8 @@ func (d *Dispatcher) Drain(ctx context.Context) error {
 				if err == nil && res.Claimed == 0 {
 					// Nothing claimable now. If another batch is in flight,
 					// wait for it: it frees its aggregates' next events.
-					// (Claiming again at once would only re-scan the
-					// waiting events.) Empty when nothing was in flight or
-					// finished since our claim began.
+					// Empty when nothing was in flight or finished since our
+					// claim began.
 					for busy > 0 && finished == gen && !empty {
 						cond.Wait()
 					}
@@ -403,97 +502,168 @@ func (d *Dispatcher) stopAt(ctx context.Context) (time.Time, bool) {
 	return dl.Add(-d.cfg.DeadlineMargin), true
 }
 
-// claim takes the next batch. The claim is the costliest statement, so two
-// workers of one dispatcher may claim at once (see dbSlots): a claim starts
-// where the one before it is expected to end (its start plus the id span of
-// the last full batch), so the two rarely scan the same rows. A wrong guess
-// costs only rows read (SKIP LOCKED and the lease filter pass over rows
-// another claim took); correctness rests on the claim query alone.
-func (d *Dispatcher) claim(ctx context.Context, token uuid.UUID) ([]Message, error) {
+// runLimit is the longest run the next claim takes: what can be published
+// in RunBudget at the measured latency of one Publish call.
+func (d *Dispatcher) runLimit() int {
+	d.mu.Lock()
+	lat := d.latency
+	d.mu.Unlock()
+	n := d.cfg.MaxRun
+	if lat > 0 {
+		n = int(min(int64(d.cfg.RunBudget/lat), int64(d.cfg.MaxRun)))
+	}
+	return max(n, 1)
+}
+
+func (d *Dispatcher) observeLatency(took time.Duration) {
+	d.mu.Lock()
+	d.latency = (4*d.latency + took) / 5
+	d.mu.Unlock()
+}
+
+// claim takes the next batch: runs in claim order, and heads that turned out
+// to have nothing to publish.
+func (d *Dispatcher) claim(ctx context.Context, token uuid.UUID) ([]*run, []emptyHead, error) {
 	select {
 	case d.dbSlots <- struct{}{}:
 	case <-ctx.Done(): // nothing claimed yet: stopping now leaves nothing half-done
-		return nil, ctx.Err()
+		return nil, nil, ctx.Err()
 	}
 	defer func() { <-d.dbSlots }()
-	d.claimMu.Lock()
-	from := d.cursor
-	if from > 0 {
-		d.cursor = from + d.span
+	// The claim gets its own time limit rather than the caller's
+	// cancellation (a cancelled statement would need a CancelRequest, which
+	// RDS Proxy lacks), within the invocation's deadline. If it runs out
+	// after PostgreSQL committed the claim, the runs come back after their
+	// lease.
+	end := time.Now().Add(d.cfg.PublishTimeout)
+	if dl, ok := ctx.Deadline(); ok {
+		end = minTime(end, dl.Add(-returnMargin))
 	}
-	d.claimMu.Unlock()
-
-	msgs, err := d.claimAfter(ctx, token, from, d.cfg.BatchSize)
-	if err != nil {
-		d.resetCursor()
-		return nil, err
-	}
-	if len(msgs) < d.cfg.BatchSize && from > 0 {
-		// The sweep reached the end: start over from the beginning, where
-		// retries and newly unblocked heads wait, and fill the batch.
-		more, err := d.claimAfter(ctx, token, 0, d.cfg.BatchSize-len(msgs))
-		if err != nil && len(msgs) == 0 {
-			d.resetCursor()
-			return nil, err
-		}
-		// On error the first part is claimed: publish it rather than wait
-		// for its lease.
-		msgs = append(msgs, more...)
-	}
-
-	d.claimMu.Lock()
-	defer d.claimMu.Unlock()
-	if len(msgs) == d.cfg.BatchSize {
-		var lo, hi int64 = msgs[0].ID, msgs[0].ID
-		for _, m := range msgs {
-			lo, hi = min(lo, m.ID), max(hi, m.ID)
-		}
-		d.cursor = max(d.cursor, hi)
-		d.span = hi - lo + 1
-	} else {
-		d.cursor = 0
-	}
-	return msgs, nil
-}
-
-func (d *Dispatcher) resetCursor() {
-	d.claimMu.Lock()
-	d.cursor = 0
-	d.claimMu.Unlock()
-}
-
-func (d *Dispatcher) claimAfter(ctx context.Context, token uuid.UUID, after int64, limit int) ([]Message, error) {
-	// The claim gets its own timeout rather than the caller's deadline: a
-	// cancelled statement would need a CancelRequest, which RDS Proxy lacks.
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.PublishTimeout)
+	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), end)
 	defer cancel()
-	rows, err := d.db.Query(cctx, sqlClaim, limit, token, d.cfg.Lease.Milliseconds(), after)
+	rows, err := d.db.Query(cctx, sqlClaim, d.cfg.BatchSize, d.runLimit(), token, d.cfg.Lease.Milliseconds(), d.cfg.MaxWakeups)
 	if err != nil {
-		return nil, fmt.Errorf("claim batch: %w", err)
+		return nil, nil, fmt.Errorf("claim batch: %w", err)
 	}
 	defer rows.Close()
-	msgs := make([]Message, 0, limit)
+	var (
+		runs    []*run
+		empties []emptyHead
+		cur     *run
+	)
 	for rows.Next() {
-		var m Message
-		var tenant, traceparent string
-		if err := rows.Scan(&m.ID, &m.EventID, &m.AggregateType, &m.GroupID, &m.Sequence,
-			&m.EventType, &tenant, &traceparent, &m.Attempt, &m.Body); err != nil {
-			return nil, fmt.Errorf("claim batch: scan: %w", err)
+		var (
+			kind, aggType, aggID string
+			id, seq, retryingMs  *int64
+			eventID, eventType   *string
+			tenant, traceparent  string
+			attempts             *int32
+			body                 []byte
+			wakes                int64
+		)
+		if err := rows.Scan(&kind, &id, &eventID, &aggType, &aggID, &seq, &eventType, &tenant, &traceparent,
+			&attempts, &body, &wakes, &retryingMs); err != nil {
+			return nil, nil, fmt.Errorf("claim batch: scan: %w", err)
 		}
+		switch kind {
+		case "empty":
+			empties = append(empties, emptyHead{typ: aggType, id: aggID, wakes: wakes})
+			continue
+		case "dead":
+			d.log.Warn("outbox head parked: its lowest unsent event is dead", "event_id", deref(eventID),
+				"aggregate_type", aggType, "sequence", deref(seq), d.aggID(aggID))
+			continue
+		}
+		if cur == nil || cur.typ != aggType || cur.id != aggID {
+			cur = &run{typ: aggType, id: aggID, wakes: wakes, retrying: -1}
+			if retryingMs != nil {
+				cur.retrying = time.Duration(*retryingMs) * time.Millisecond
+			}
+			runs = append(runs, cur)
+		}
+		m := Message{ID: *id, EventID: *eventID, GroupID: aggID, DedupID: *eventID, AggregateType: aggType,
+			Sequence: *seq, EventType: *eventType, Body: body, Attempt: int(*attempts) + 1}
 		m.Attributes = attributes(m.EventType, m.AggregateType, tenant, traceparent)
-		m.DedupID = m.EventID
-		msgs = append(msgs, m)
+		cur.msgs = append(cur.msgs, m)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("claim batch: %w", err)
+		return nil, nil, fmt.Errorf("claim batch: %w", err)
 	}
-	return msgs, nil
+	return runs, empties, nil
 }
 
-// publish sends msgs in chunks of PublishBatchSize, PublishConcurrency at a
-// time, and returns one error per message. A panicking publisher fails its
-// chunk (retryable) instead of killing the dispatcher mid-batch.
-func (d *Dispatcher) publish(ctx context.Context, msgs []Message) []error {
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}
+
+// aggID is the log attribute for an aggregate id: the id itself only when
+// LogAggregateIDs is set.
+func (d *Dispatcher) aggID(id string) slog.Attr {
+	if !d.cfg.LogAggregateIDs {
+		return slog.Attr{}
+	}
+	return slog.String("aggregate_id", id)
+}
+
+// idle retires heads a claim found empty. A failure only leaves them ready
+// (the next claim looks again), so it is logged, not returned.
+func (d *Dispatcher) idle(ctx context.Context, heads []emptyHead) {
+	types, ids, wakes := make([]string, len(heads)), make([]string, len(heads)), make([]int64, len(heads))
+	for i, h := range heads {
+		types[i], ids[i], wakes[i] = h.typ, h.id, h.wakes
+	}
+	d.dbSlots <- struct{}{}
+	defer func() { <-d.dbSlots }()
+	ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.MarkTimeout)
+	defer cancel()
+	if _, err := d.db.Exec(ictx, sqlIdleHeads, types, ids, wakes); err != nil {
+		d.log.Warn("outbox: retire empty heads failed; the next claim retries", "heads", len(heads), "error", err.Error())
+	}
+}
+
+// publishRuns publishes every run in order: wave k sends the k-th event of
+// each run whose earlier events were all acknowledged, PublishBatchSize
+// aggregates per call, PublishConcurrency calls at once. No call starts
+// after deadline; what is left is released, unattempted.
+func (d *Dispatcher) publishRuns(ctx context.Context, runs []*run, deadline time.Time) {
+	live := append([]*run(nil), runs...) // filtered in place below; runs is the caller's
+	for wave := 0; len(live) > 0; wave++ {
+		if !time.Now().Before(deadline) {
+			return
+		}
+		msgs := make([]Message, len(live))
+		for i, r := range live {
+			msgs[i] = r.msgs[wave]
+		}
+		errs := d.publish(ctx, msgs, deadline)
+		next := live[:0]
+		for i, r := range live {
+			if errs[i] != nil {
+				r.err = errs[i]
+				continue
+			}
+			r.done++
+			if r.done < len(r.msgs) {
+				next = append(next, r)
+			}
+		}
+		live = next
+	}
+}
+
+// publish sends msgs (at most one per aggregate) in chunks of
+// PublishBatchSize, PublishConcurrency at a time, and returns one error per
+// message. Each call's timeout is PublishTimeout, cut to the deadline; a
+// call still running a moment after its timeout (a publisher that ignores
+// its context) is abandoned and counts as a retryable failure: if it does
+// publish later, the copy is one the broker deduplicates (same event id),
+// because the retry goes out first. A panicking publisher fails its chunk
+// (retryable) instead of killing the dispatcher mid-batch.
+func (d *Dispatcher) publish(ctx context.Context, msgs []Message, deadline time.Time) []error {
 	errs := make([]error, len(msgs))
 	sem := make(chan struct{}, d.cfg.PublishConcurrency)
 	var wg sync.WaitGroup
@@ -504,16 +674,7 @@ func (d *Dispatcher) publish(ctx context.Context, msgs []Message) []error {
 		go func(chunk []Message, out []error) {
 			defer wg.Done()
 			defer func() { <-sem }()
-			defer func() {
-				if r := recover(); r != nil {
-					for i := range out {
-						out[i] = fmt.Errorf("publisher panicked: %v", r)
-					}
-				}
-			}()
-			pctx, cancel := context.WithTimeout(ctx, d.cfg.PublishTimeout)
-			defer cancel()
-			res := d.pub.Publish(pctx, chunk)
+			res := d.call(ctx, chunk, minTime(time.Now().Add(d.cfg.PublishTimeout), deadline))
 			if len(res) != len(chunk) {
 				err := errWrongResultCount(len(res), len(chunk))
 				for i := range out {
@@ -528,39 +689,135 @@ func (d *Dispatcher) publish(ctx context.Context, msgs []Message) []error {
 	return errs
 }
 
-// mark records outcomes, retrying briefly: a lost mark means duplicates later.
-func (d *Dispatcher) mark(ctx context.Context, ids []int64, outcomes []string, delays []int64, texts []string, token uuid.UUID) (int64, error) {
+// ErrPublishAbandoned is the outcome of a Publish call that did not return
+// by its deadline (plus a grace period): retryable.
+var ErrPublishAbandoned = errors.New("outbox: publish call did not return by its deadline; abandoned")
+
+// call runs one Publish call with a deadline and returns its results, or
+// abandons it shortly after the deadline.
+func (d *Dispatcher) call(ctx context.Context, chunk []Message, deadline time.Time) []error {
+	pctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	done := make(chan []error, 1) // buffered: an abandoned call still finishes
+	start := time.Now()
+	go func() {
+		defer func() {
+			if r := recover(); r != nil {
+				errs := make([]error, len(chunk))
+				for i := range errs {
+					errs[i] = fmt.Errorf("publisher panicked: %v", r)
+				}
+				done <- errs
+			}
+		}()
+		done <- d.pub.Publish(pctx, chunk)
+	}()
+	grace := time.NewTimer(time.Until(deadline) + d.abandonGrace())
+	defer grace.Stop()
+	select {
+	case res := <-done:
+		d.observeLatency(time.Since(start))
+		return res
+	case <-grace.C:
+		d.observeLatency(time.Since(start))
+		errs := make([]error, len(chunk))
+		for i := range errs {
+			errs[i] = ErrPublishAbandoned
+		}
+		d.log.Warn("outbox: publish call overran its deadline; abandoned, its events will be retried", "messages", len(chunk))
+		return errs
+	}
+}
+
+// abandonGrace is how long past its deadline a Publish call is waited for:
+// a quarter of MarkTimeout, so recording the outcome still fits.
+func (d *Dispatcher) abandonGrace() time.Duration { return d.cfg.MarkTimeout / 4 }
+
+// markArgs are outbox_mark_runs' arrays, one entry per run.
+type markArgs struct {
+	token                                  uuid.UUID
+	types, ids, outcomes, errs             []string
+	wakes, nextSeqs, delays, failIDs, sent []int64
+}
+
+// add records r's outcome: its acknowledged events are sent; the event that
+// failed retries after a backoff or, if the failure is permanent or has
+// lasted RetryFor (or MaxAttempts is reached), is dead; events after it, or
+// cut off by the batch's time limit, are released unattempted.
+func (a *markArgs) add(d *Dispatcher, r *run, claimedAt time.Time, res *BatchResult) {
+	for _, m := range r.msgs[:r.done] {
+		a.sent = append(a.sent, m.ID)
+	}
+	res.Sent += r.done
+	var (
+		outcome = "sent"
+		next    = r.msgs[len(r.msgs)-1].Sequence + 1
+		delay   int64
+		text    string
+		failID  int64
+	)
+	if r.done < len(r.msgs) {
+		m := r.msgs[r.done]
+		next = m.Sequence
+		outcome = "released"
+		rest := len(r.msgs) - r.done
+		if r.err != nil {
+			failID, text, rest = m.ID, truncate(r.err.Error(), 1000), rest-1
+			failingFor := time.Duration(-1)
+			if r.done == 0 && r.retrying >= 0 {
+				failingFor = r.retrying + time.Since(claimedAt)
+			}
+			switch {
+			case IsPermanent(r.err), d.cfg.MaxAttempts > 0 && m.Attempt >= d.cfg.MaxAttempts, failingFor >= d.cfg.RetryFor:
+				outcome = "dead"
+				res.Dead++
+				d.log.Error("outbox event dead", "event_id", m.EventID, "aggregate_type", m.AggregateType, d.aggID(m.GroupID),
+					"sequence", m.Sequence, "attempts", m.Attempt, "permanent", IsPermanent(r.err), "error", text)
+			default:
+				outcome = "retry"
+				delay = d.jitter(d.cfg.BackoffCeiling(m.Attempt)).Milliseconds()
+				res.Retried++
+			}
+		}
+		res.Released += rest
+	}
+	a.types = append(a.types, r.typ)
+	a.ids = append(a.ids, r.id)
+	a.wakes = append(a.wakes, r.wakes)
+	a.nextSeqs = append(a.nextSeqs, next)
+	a.outcomes = append(a.outcomes, outcome)
+	a.delays = append(a.delays, delay)
+	a.errs = append(a.errs, text)
+	a.failIDs = append(a.failIDs, failID)
+}
+
+// mark records outcomes, retrying until deadline: a lost mark means the
+// runs are published again after their lease (duplicates).
+func (d *Dispatcher) mark(ctx context.Context, a markArgs, deadline time.Time) (int64, error) {
 	var lastErr error
-	for attempt := 0; attempt < 5; attempt++ {
+	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
-			time.Sleep(time.Duration(attempt*attempt) * 100 * time.Millisecond)
+			pause := time.Duration(attempt*attempt) * 50 * time.Millisecond
+			if time.Until(deadline) < pause+100*time.Millisecond {
+				return 0, fmt.Errorf("record publish outcomes: %w", lastErr)
+			}
+			time.Sleep(pause)
 		}
 		d.dbSlots <- struct{}{}
-		mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		var tag pgconn.CommandTag
-		var err error
-		if allSent(outcomes) {
-			tag, err = d.db.Exec(mctx, sqlMarkSent, ids, token)
-		} else {
-			tag, err = d.db.Exec(mctx, sqlMark, ids, outcomes, delays, texts, token)
-		}
+		mctx, cancel := context.WithDeadline(ctx, deadline)
+		var n int64
+		err := d.db.QueryRow(mctx, sqlMark, a.token, a.types, a.ids, a.wakes, a.nextSeqs, a.outcomes, a.delays,
+			a.errs, a.failIDs, a.sent).Scan(&n)
 		cancel()
 		<-d.dbSlots
 		if err == nil {
-			return tag.RowsAffected(), nil
+			return n, nil
 		}
 		lastErr = err
-	}
-	return 0, fmt.Errorf("record publish outcomes: %w", lastErr)
-}
-
-func allSent(outcomes []string) bool {
-	for _, o := range outcomes {
-		if o != "sent" {
-			return false
+		if time.Until(deadline) <= 0 {
+			return 0, fmt.Errorf("record publish outcomes: %w", lastErr)
 		}
 	}
-	return true
 }
 
 func (d *Dispatcher) jitter(ceiling time.Duration) time.Duration {

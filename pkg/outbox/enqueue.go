@@ -16,7 +16,8 @@ import (
 // Writer enqueues events. The zero value uses the default size limit.
 type Writer struct {
 	// MaxMessageBytes limits one published message, body plus attributes.
-	// Default envelope.DefaultMaxMessageBytes (256 KiB, the SNS limit).
+	// Default and upper bound envelope.DefaultMaxMessageBytes (256 KiB, the
+	// SNS limit): a larger event could never be published.
 	MaxMessageBytes int
 }
 
@@ -40,6 +41,9 @@ func (w Writer) Enqueue(ctx context.Context, tx pgx.Tx, events ...envelope.Envel
 	limit := w.MaxMessageBytes
 	if limit <= 0 {
 		limit = envelope.DefaultMaxMessageBytes
+	}
+	if limit > envelope.DefaultMaxMessageBytes {
+		return fmt.Errorf("enqueue: Writer.MaxMessageBytes %d: must be at most %d (the SNS message limit)", limit, envelope.DefaultMaxMessageBytes)
 	}
 	seen := make(map[string]int, len(events))
 	type aggKey struct{ typ, id string }
@@ -117,7 +121,8 @@ func (w Writer) Enqueue(ctx context.Context, tx pgx.Tx, events ...envelope.Envel
 		eventIDs[i], eventTypes[i], aggTypes[i], aggIDs[i] = e.ID, e.Type, e.AggregateType, e.AggregateID
 		seqs[i], tenants[i], traceparent[i], occurred[i], bodies[i] = e.Sequence, e.TenantID, e.TraceParent, e.OccurredAt, body
 	}
-	if _, err := tx.Exec(ctx, sqlInsertEvents, eventIDs, eventTypes, aggTypes, aggIDs, seqs, tenants, traceparent, occurred, bodies); err != nil {
+	if _, err := tx.Exec(ctx, sqlInsertEvents, eventIDs, eventTypes, aggTypes, aggIDs, seqs, tenants, traceparent, occurred, bodies,
+		types, ids); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "outbox_event_id_key" {
 			return fmt.Errorf("enqueue: %w", ErrDuplicateEvent)

@@ -10,10 +10,11 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// ClaimRowsReadPerEvent runs the claim query under EXPLAIN ANALYZE in a
-// transaction it rolls back, and returns how many outbox rows the plan read
-// (returned or filtered out, over all loops) per claimed event. An efficient
-// claim reads about one row per event however large the table; a value near
+// ClaimRowsReadPerEvent runs the claim query (outbox_claim_heads) under
+// EXPLAIN ANALYZE in a transaction it rolls back, and returns how many outbox
+// rows the plan read (returned or filtered out, over all loops) per claimed
+// event. An efficient claim reads about one row per event however large the
+// table and however many events wait behind blocked heads; a value near
 // backlog/batch means every claim rescans the backlog. Used by benchmarks and
 // `fifobox status --explain`-style diagnostics.
 func ClaimRowsReadPerEvent(ctx context.Context, db interface {
@@ -44,7 +45,7 @@ func claimRowsReadPerEvent(ctx context.Context, db interface {
 		}
 	}
 	var plan []byte
-	if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+body, int64(batch), uuid.New(), int64(60000), int64(0)).Scan(&plan); err != nil {
+	if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+body, int32(batch), int32(batch), uuid.New(), int64(60000)).Scan(&plan); err != nil {
 		return 0, fmt.Errorf("explain claim: %w", err)
 	}
 	var doc []struct {
@@ -53,7 +54,7 @@ func claimRowsReadPerEvent(ctx context.Context, db interface {
 	if err := json.Unmarshal(plan, &doc); err != nil || len(doc) == 0 {
 		return 0, fmt.Errorf("explain claim: parse plan: %v", err)
 	}
-	claimed := doc[0].Plan.ActualRows
+	claimed := doc[0].Plan.ActualRows // events (and any empty heads) returned
 	var read float64
 	var walk func(n planNode, top bool)
 	walk = func(n planNode, top bool) {
@@ -65,9 +66,6 @@ func claimRowsReadPerEvent(ctx context.Context, db interface {
 		}
 	}
 	walk(doc[0].Plan, true)
-	// The UPDATE's own join back to the claimed rows reads one row per event by
-	// primary key; count only what finding the heads cost.
-	read -= claimed
 	if claimed == 0 {
 		return 0, nil
 	}

@@ -16,50 +16,49 @@ ON CONFLICT (aggregate_type, aggregate_id)
 DO UPDATE SET last_seq = outbox_aggregates.last_seq + EXCLUDED.last_seq
 RETURNING aggregate_type, aggregate_id, last_seq`
 
+// sqlInsertEvents inserts the events and one wake-up per aggregate written
+// ($10, $11): the dispatcher's claim consumes wake-ups to find aggregates
+// with new events (migrations/00009_outbox_heads.sql explains why producers
+// never touch the dispatcher's heads directly).
 const sqlInsertEvents = `
+WITH wake AS (
+    INSERT INTO outbox_wakeups (aggregate_type, aggregate_id)
+    SELECT * FROM unnest($10::text[], $11::text[])
+)
 INSERT INTO outbox (event_id, event_type, aggregate_type, aggregate_id, aggregate_seq,
                     tenant_id, traceparent, occurred_at, body)
 SELECT e, ty, at, ai, s, NULLIF(te, ''), NULLIF(tp, ''), o, b
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::bigint[],
             $6::text[], $7::text[], $8::timestamptz[], $9::bytea[]) AS u(e, ty, at, ai, s, te, tp, o, b)`
 
-// sqlClaim is the dispatcher's claim: the SQL is the outbox_claim function in
-// migrations/00006_outbox_claim_function.sql, which explains the ordering
-// design and why a function (it pins the plan shape, so a claim reads
-// O(batch) rows even with stale planner statistics).
+// sqlClaim is the dispatcher's claim: outbox_claim_runs, defined with the
+// design it rests on in migrations/00009_outbox_heads.sql (outbox_claim_heads
+// is the claim query itself). It consumes wake-ups, then takes due heads in
+// due order with a run of consecutive events each.
 //
-// $1 batch size, $2 claim token, $3 lease in milliseconds, $4 keyset cursor
-// (the last id this dispatcher claimed in the current sweep, 0 to start over).
-const sqlClaim = `SELECT * FROM outbox_claim($1::bigint, $2::uuid, $3::bigint, $4::bigint)`
+// $1 most events, $2 most events per aggregate (run), $3 claim token, $4
+// lease in milliseconds, $5 most wake-ups to consume.
+const sqlClaim = `SELECT * FROM outbox_claim_runs($1::integer, $2::integer, $3::uuid, $4::bigint, $5::integer)`
 
-// sqlClaimFunction reads the claim function's body and settings, so
+// sqlClaimFunction reads the claim query's body and settings, so
 // diagnostics can EXPLAIN exactly what it runs.
 const sqlClaimFunction = `
 SELECT prosrc, coalesce(proconfig, '{}')
-FROM pg_proc WHERE oid = 'outbox_claim(bigint, uuid, bigint, bigint)'::regprocedure`
+FROM pg_proc WHERE oid = 'outbox_claim_heads(integer, integer, uuid, bigint)'::regprocedure`
 
-// sqlMark records publish outcomes for a claimed batch in one statement. Only
-// rows still holding this claim's token are touched: if the lease expired and
-// another dispatcher re-claimed a row, that dispatcher owns the outcome.
+// sqlIdleHeads retires heads a claim found with nothing to publish
+// (outbox_idle_heads). $1 types, $2 ids, $3 wakes seen by the claim.
+const sqlIdleHeads = `SELECT outbox_idle_heads($1::text[], $2::text[], $3::bigint[])`
+
+// sqlMark records a claim's outcomes, one row per run (outbox_mark_runs).
+// Only heads still holding the claim's token are touched.
 //
-// $1 ids, $2 outcomes ('sent'|'retry'|'dead'), $3 retry delay ms, $4 errors, $5 token.
-const sqlMark = `
-UPDATE outbox o
-SET state = CASE u.outcome WHEN 'sent' THEN 'sent' WHEN 'dead' THEN 'dead' ELSE 'pending' END,
-    sent_at = CASE WHEN u.outcome = 'sent' THEN now() END,
-    next_attempt_at = CASE WHEN u.outcome = 'retry'
-                           THEN now() + make_interval(secs => u.delay_ms / 1000.0)
-                           ELSE now() END,
-    last_error = COALESCE(NULLIF(u.err, ''), o.last_error),
-    claim_token = NULL
-FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[]) AS u(id, outcome, delay_ms, err)
-WHERE o.id = u.id AND o.claim_token = $5`
-
-// sqlMarkSent is sqlMark for the common case where every row was sent: one
-// array parameter instead of four.
-const sqlMarkSent = `
-UPDATE outbox SET state = 'sent', sent_at = now(), next_attempt_at = now(), claim_token = NULL
-WHERE id = ANY($1::bigint[]) AND claim_token = $2`
+// $1 token; per run: $2 types, $3 ids, $4 wakes seen by the claim, $5 the
+// head's next sequence, $6 outcome ('sent'|'retry'|'dead'|'released'), $7
+// retry delay ms, $8 error, $9 the failed event's row id (0 if none); $10 the
+// row ids of every published event.
+const sqlMark = `SELECT outbox_mark_runs($1::uuid, $2::text[], $3::text[], $4::bigint[], $5::bigint[],
+    $6::text[], $7::bigint[], $8::text[], $9::bigint[], $10::bigint[])`
 
 // sqlRawClaimAndMark is the benchmark's reference: one statement that claims
 // and marks a batch, the fastest PostgreSQL can move rows out of pending.
@@ -67,16 +66,51 @@ const sqlRawClaimAndMark = `
 UPDATE outbox SET state = 'sent', sent_at = now()
 WHERE id IN (SELECT id FROM outbox WHERE state = 'pending' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)`
 
-// sqlStats reads the backlog figures operators and alarms watch.
+// sqlStats reads the backlog figures operators and alarms watch. Per-head
+// counts come from the heads (O(aggregates with a backlog)), event counts
+// from the sequence counters (last_seq - next_seq + 1 unsent events per head).
+// A head is backing off when it is unclaimed, not yet due and retrying.
 const sqlStats = `
+WITH active AS (
+    SELECT h.aggregate_type, h.aggregate_id, h.state, h.next_seq, h.due_at, h.claim_token, h.retry_since,
+           greatest(a.last_seq - h.next_seq + 1, 0) AS unsent,
+           (h.state = 'ready' AND h.claim_token IS NULL AND h.due_at > now() AND h.retry_since IS NOT NULL) AS backing_off
+    FROM (SELECT * FROM outbox_heads WHERE state = 'ready'
+          UNION ALL
+          SELECT * FROM outbox_heads WHERE state = 'dead') h
+    -- One primary-key probe per head (OFFSET 0 keeps the planner from
+    -- turning it into a join that reads every aggregate).
+    CROSS JOIN LATERAL (SELECT a.last_seq FROM outbox_aggregates a
+                        WHERE a.aggregate_type = h.aggregate_type AND a.aggregate_id = h.aggregate_id OFFSET 0) a
+)
 SELECT
     (SELECT count(*) FROM outbox WHERE state = 'pending'),
     (SELECT count(*) FROM outbox WHERE state = 'dead'),
-    (SELECT count(DISTINCT (aggregate_type, aggregate_id)) FROM outbox WHERE state = 'dead'),
-    (SELECT count(*) FROM outbox WHERE state = 'pending' AND claim_token IS NOT NULL AND next_attempt_at > now()),
-    (SELECT extract(epoch FROM now() - created_at)::float8 FROM outbox WHERE state = 'pending' ORDER BY id LIMIT 1)`
+    (SELECT count(*) FROM active WHERE state = 'dead'),
+    (SELECT count(*) FROM active WHERE state = 'ready' AND claim_token IS NOT NULL AND due_at > now()),
+    (SELECT extract(epoch FROM now() - created_at)::float8 FROM outbox WHERE state = 'pending' ORDER BY id LIMIT 1),
+    (SELECT coalesce(sum(unsent), 0)::bigint FROM active WHERE state = 'ready' AND NOT backing_off),
+    (SELECT coalesce(sum(unsent), 0)::bigint FROM active WHERE backing_off),
+    (SELECT coalesce(sum(unsent), 0)::bigint FROM active WHERE state = 'dead'),
+    (SELECT count(*) FROM active WHERE state = 'ready' AND retry_since IS NOT NULL),
+    (SELECT extract(epoch FROM now() - min(o.created_at))::float8
+     FROM active h
+     CROSS JOIN LATERAL (SELECT created_at FROM outbox o
+                         WHERE o.aggregate_type = h.aggregate_type AND o.aggregate_id = h.aggregate_id
+                           AND o.aggregate_seq >= h.next_seq AND o.state = 'pending'
+                         ORDER BY o.aggregate_seq LIMIT 1) o
+     WHERE h.state = 'ready' AND NOT h.backing_off)`
 
-// sqlPrune deletes up to $2 sent rows older than $1, oldest first.
+// sqlPrune deletes up to $2 sent (or discarded) rows older than $1, oldest first.
 const sqlPrune = `
 DELETE FROM outbox WHERE id IN (
-    SELECT id FROM outbox WHERE state = 'sent' AND sent_at < $1 ORDER BY id LIMIT $2)`
+    SELECT id FROM outbox WHERE state IN ('sent', 'discarded') AND sent_at < $1 ORDER BY id LIMIT $2)`
+
+// sqlRequeueDead, sqlDiscardDead and sqlRebuildHeads are the operator's
+// actions on dead events and heads (functions in migrations/00009).
+// $1 event ids, $2 aggregate type (” for any), $3 since, $4 until, $5 reason.
+const (
+	sqlRequeueDead  = `SELECT outbox_requeue_dead($1::uuid[], $2::text, $3::timestamptz, $4::timestamptz)`
+	sqlDiscardDead  = `SELECT outbox_discard_dead($1::uuid[], $2::text, $3::timestamptz, $4::timestamptz, $5::text)`
+	sqlRebuildHeads = `SELECT outbox_rebuild_heads()`
+)

@@ -11,7 +11,23 @@ import (
 type Backlog struct {
 	// Pending counts events not yet sent (due, claimed, retrying or parked behind a dead event).
 	Pending int64
-	// InFlight counts pending events currently claimed by a dispatcher.
+	// DueEvents counts unsent events that can go now or are in flight: not
+	// backing off, not parked. What the publish-lag and backlog alarms watch.
+	DueEvents int64
+	// BackingOffEvents counts unsent events of aggregates whose head waits
+	// out a retry backoff.
+	BackingOffEvents int64
+	// ParkedEvents counts unsent events held behind a dead head, the dead
+	// head included.
+	ParkedEvents int64
+	// RetryingAggregates counts aggregates whose head failed retryably and
+	// has not been published since: nonzero for long means the broker (or
+	// its KMS key, or the VPC endpoint) keeps failing.
+	RetryingAggregates int64
+	// OldestDueAge is how long the oldest due event has waited since it was
+	// enqueued (publish lag, parked and backing-off events excluded); 0 if none.
+	OldestDueAge time.Duration
+	// InFlight counts aggregates whose run is currently claimed by a dispatcher.
 	InFlight int64
 	// Dead counts events that gave up; each parks its aggregate.
 	Dead int64
@@ -24,18 +40,25 @@ type Backlog struct {
 // Stats reads the current backlog.
 func Stats(ctx context.Context, db DB) (Backlog, error) {
 	var b Backlog
-	var age *float64
-	err := db.QueryRow(ctx, sqlStats).Scan(&b.Pending, &b.Dead, &b.ParkedAggregates, &b.InFlight, &age)
+	var age, dueAge *float64
+	err := db.QueryRow(ctx, sqlStats).Scan(&b.Pending, &b.Dead, &b.ParkedAggregates, &b.InFlight, &age,
+		&b.DueEvents, &b.BackingOffEvents, &b.ParkedEvents, &b.RetryingAggregates, &dueAge)
 	if err != nil {
 		return Backlog{}, fmt.Errorf("outbox stats: %w", err)
 	}
-	if age != nil && *age > 0 {
-		b.OldestPendingAge = time.Duration(*age * float64(time.Second))
-	}
+	b.OldestPendingAge = seconds(age)
+	b.OldestDueAge = seconds(dueAge)
 	return b, nil
 }
 
-// Prune deletes sent events older than olderThan, at most batch rows per
+func seconds(s *float64) time.Duration {
+	if s == nil || *s <= 0 {
+		return 0
+	}
+	return time.Duration(*s * float64(time.Second))
+}
+
+// Prune deletes sent (and discarded) events older than olderThan, at most batch rows per
 // statement so no single transaction grows large, until none are left or ctx
 // ends. It returns how many rows it deleted.
 func Prune(ctx context.Context, db DB, olderThan time.Duration, batch int) (int64, error) {

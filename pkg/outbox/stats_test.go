@@ -30,23 +30,44 @@ func TestStatsReadOnlyUnsentRows(t *testing.T) {
 			const sent = 20000
 			exec(fmt.Sprintf(`INSERT INTO outbox (event_id, event_type, aggregate_type, aggregate_id, aggregate_seq, occurred_at, body, state, sent_at, attempts)
 SELECT gen_random_uuid(), 'order.updated', 'order', 'old-' || g, 1, now(), '\x7b7d', 'sent', now(), 1 FROM generate_series(1, %d) g`, sent))
-			// 3 pending (one of them claimed) and 2 dead, each dead event
-			// parking its own aggregate.
+			exec(fmt.Sprintf(`INSERT INTO outbox_aggregates (aggregate_type, aggregate_id, last_seq)
+SELECT 'order', 'old-' || g, 1 FROM generate_series(1, %d) g`, sent))
+			// Unsent: p-1 (2 events, claimed), p-2 (1 event, due), r-1 (3
+			// events, backing off after a failure), d-1 and d-2 (dead heads,
+			// 1 and 2 events each: parked).
 			exec(`INSERT INTO outbox (event_id, event_type, aggregate_type, aggregate_id, aggregate_seq, occurred_at, body, state, created_at)
-SELECT gen_random_uuid(), 'order.updated', 'order', a, s, now(), '\x7b7d', st, now() - interval '2 seconds'
-FROM (VALUES ('p-1', 1, 'pending'), ('p-2', 1, 'pending'), ('p-3', 1, 'pending'), ('d-1', 1, 'dead'), ('d-2', 1, 'dead')) v(a, s, st)`)
-			exec(`UPDATE outbox SET claim_token = gen_random_uuid(), next_attempt_at = now() + interval '1 minute'
-WHERE id = (SELECT min(id) FROM outbox WHERE state = 'pending')`)
+SELECT gen_random_uuid(), 'order.updated', 'order', a, s, now(), '\x7b7d', st, now() - make_interval(secs => age)
+FROM (VALUES ('r-1', 1, 'pending', 90), ('r-1', 2, 'pending', 90), ('r-1', 3, 'pending', 90),
+             ('d-1', 1, 'dead', 60), ('d-2', 1, 'dead', 60), ('d-2', 2, 'pending', 60),
+             ('p-2', 1, 'pending', 5), ('p-1', 1, 'pending', 2), ('p-1', 2, 'pending', 2)) v(a, s, st, age)
+ORDER BY age DESC, a, s`)
+			exec(`INSERT INTO outbox_aggregates (aggregate_type, aggregate_id, last_seq)
+SELECT 'order', aggregate_id, max(aggregate_seq) FROM outbox WHERE state <> 'sent' GROUP BY aggregate_id`)
+			exec(`SELECT outbox_rebuild_heads()`)
+			exec(`UPDATE outbox_heads SET claim_token = gen_random_uuid(), due_at = now() + interval '1 minute' WHERE aggregate_id = 'p-1'`)
+			exec(`UPDATE outbox_heads SET retry_since = now() - interval '1 minute', due_at = now() + interval '30 seconds' WHERE aggregate_id = 'r-1'`)
 			if analyzed {
 				exec("ANALYZE outbox")
+				exec("ANALYZE outbox_heads")
+				exec("ANALYZE outbox_aggregates")
 			}
 
 			b, err := Stats(ctx, db.Pool)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if b.Pending != 3 || b.InFlight != 1 || b.Dead != 2 || b.ParkedAggregates != 2 || b.OldestPendingAge < time.Second {
-				t.Errorf("stats %+v; want 3 pending, 1 in flight, 2 dead, 2 parked aggregates, oldest pending >= 1s", b)
+			want := Backlog{Pending: 7, DueEvents: 3, BackingOffEvents: 3, ParkedEvents: 3, RetryingAggregates: 1,
+				InFlight: 1, Dead: 2, ParkedAggregates: 2}
+			got := b
+			got.OldestPendingAge, got.OldestDueAge = 0, 0
+			if got != want {
+				t.Errorf("stats %+v;\nwant %+v", got, want)
+			}
+			// The oldest pending event (r-1, 90 s) is backing off: the publish
+			// lag counts due events only (p-2 waited 5 s; p-1 is in flight
+			// and counts too, 2 s).
+			if b.OldestPendingAge < 85*time.Second || b.OldestDueAge < 4*time.Second || b.OldestDueAge > 20*time.Second {
+				t.Errorf("oldest pending %s, oldest due %s; want ~90s and ~5s", b.OldestPendingAge, b.OldestDueAge)
 			}
 
 			var plan []byte
@@ -63,7 +84,8 @@ WHERE id = (SELECT min(id) FROM outbox WHERE state = 'pending')`)
 			var scans []string
 			var walk func(n planNode)
 			walk = func(n planNode) {
-				if n.Relation == "outbox" {
+				switch n.Relation {
+				case "outbox", "outbox_aggregates", "outbox_heads":
 					read += (n.ActualRows + n.RemovedByFilter + n.RemovedByIndex) * max(n.Loops, 1)
 					scans = append(scans, n.NodeType)
 				}
@@ -72,9 +94,9 @@ WHERE id = (SELECT min(id) FROM outbox WHERE state = 'pending')`)
 				}
 			}
 			walk(doc[0].Plan)
-			t.Logf("stats read %.0f outbox rows (%v) beside %d sent rows", read, scans, sent)
-			if read > 50 {
-				t.Errorf("stats read %.0f outbox rows (%v); want only the 5 unsent ones, not the %d sent", read, scans, sent)
+			t.Logf("stats read %.0f rows of outbox, heads and counters (%v) beside %d sent events and their aggregates", read, scans, sent)
+			if read > 100 {
+				t.Errorf("stats read %.0f rows (%v); want only those of the 9 unsent events and 5 busy aggregates, not the %d sent", read, scans, sent)
 			}
 		})
 	}

@@ -187,7 +187,7 @@ func (p *Publisher) publishBatch(ctx context.Context, msgs []outbox.Message, idx
 		}
 		done[k] = true
 		e := fmt.Errorf("sns publish entry: %s: %s", aws.ToString(f.Code), aws.ToString(f.Message))
-		if f.SenderFault && !retryableCode(aws.ToString(f.Code)) {
+		if f.SenderFault && permanentCode(aws.ToString(f.Code)) {
 			e = outbox.Permanent(e)
 		}
 		errs[idx[k]] = e
@@ -206,7 +206,10 @@ func entryIndex(id *string, n int) (int, bool) {
 
 // classify marks errors no retry can fix as permanent; everything else
 // (throttling, 5xx, network, timeouts, unknown) stays retryable, because
-// retrying is always safe and giving up loses an event.
+// retrying is always safe and giving up parks an aggregate. Per-entry
+// results follow the same rule: a sender fault is permanent only with a
+// code known to be (permanentCode); an unknown code is retried, and goes
+// dead only when the dispatcher's retry budget (RetryFor) runs out.
 func classify(err error) error {
 	var apiErr smithy.APIError
 	if errors.As(err, &apiErr) {
@@ -223,15 +226,6 @@ func permanentCode(code string) bool {
 		"ValidationError", "ValidationException", "BatchEntryIdsNotDistinct",
 		"BatchRequestTooLong", "TooManyEntriesInBatchRequest", "EmptyBatchRequest",
 		"InvalidBatchEntryId", "InvalidMessage":
-		return true
-	}
-	return false
-}
-
-func retryableCode(code string) bool {
-	switch code {
-	case "Throttling", "ThrottlingException", "Throttled", "ThrottledException", "TooManyRequestsException",
-		"KMSThrottling", "KMSThrottlingException", "InternalError", "InternalFailure", "ServiceUnavailable":
 		return true
 	}
 	return false

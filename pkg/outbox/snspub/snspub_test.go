@@ -116,6 +116,11 @@ func TestPerEntryResultClassification(t *testing.T) {
 		{"throttled entry", "Throttled", true, false},
 		{"internal error", "InternalError", false, false},
 		{"unknown server fault", "Weird", false, false},
+		// The same rule as for a whole call: only known codes are
+		// permanent; an unknown sender fault is retried (it used to go dead
+		// at once while the same code on a whole call was retried).
+		{"unknown sender fault", "KMSDisabled", true, false},
+		{"batch entry ids", "BatchEntryIdsNotDistinct", true, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
