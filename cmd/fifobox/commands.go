@@ -82,7 +82,7 @@ func (a *app) statusCmd() *cobra.Command {
 }
 
 func (a *app) deadCmd() *cobra.Command {
-	dead := &cobra.Command{Use: "dead", Short: "Inspect and requeue dead outbox events"}
+	dead := &cobra.Command{Use: "dead", Short: "Inspect, requeue or discard dead outbox events"}
 	var limit int
 	var aggType string
 	list := &cobra.Command{
@@ -116,7 +116,30 @@ func (a *app) deadCmd() *cobra.Command {
 	sel.register(requeue, true)
 	requeue.Flags().BoolVar(&dry, "dry-run", false, "count what would be requeued, change nothing")
 	requeue.Flags().IntVar(&max, "max", 0, "refuse a selection larger than this (default 100000)")
-	dead.AddCommand(list, requeue)
+
+	var discardIDs []string
+	var reason string
+	var discardDry bool
+	discard := &cobra.Command{
+		Use:   "discard",
+		Short: "Give up for good on dead events no broker will accept; their aggregates resume with the events after them",
+		Long: `Discard marks the given dead events 'discarded': they are never published,
+and each aggregate they parked resumes with its next event. Consumers never
+see a discarded event (its sequence number is skipped). Use it for an event
+SNS rejects permanently (too large, invalid attribute); requeue instead when
+the cause was transient. Audited; --dry-run counts without changing anything.`,
+		Example: `  fifobox dead discard --event-id 0193c1f4-... --reason "over 256 KiB, re-issued as 0193c2..." --dry-run`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.do(cmd.Context(), redrive.Command{Operation: redrive.OpDiscardDead, EventIDs: discardIDs, Reason: reason, DryRun: discardDry})
+		},
+	}
+	discard.Flags().StringSliceVar(&discardIDs, "event-id", nil, "dead event id to discard (repeatable; required)")
+	discard.Flags().StringVar(&reason, "reason", "", "why the events are discarded (required; recorded)")
+	discard.Flags().BoolVar(&discardDry, "dry-run", false, "count what would be discarded, change nothing")
+	_ = discard.MarkFlagRequired("event-id")
+	_ = discard.MarkFlagRequired("reason")
+	dead.AddCommand(list, requeue, discard)
 	return dead
 }
 

@@ -50,6 +50,11 @@ func (e *Emitter) DispatcherBacklog(b outbox.Backlog) error {
 		Metric{Name: MetricOldestPendingAgeSeconds, Unit: Seconds, Value: b.OldestPendingAge.Seconds()},
 		Metric{Name: MetricDeadEvents, Unit: Count, Value: float64(b.Dead)},
 		Metric{Name: MetricParkedAggregates, Unit: Count, Value: float64(b.ParkedAggregates)},
+		Metric{Name: MetricDueEvents, Unit: Count, Value: float64(b.DueEvents)},
+		Metric{Name: MetricBackingOffEvents, Unit: Count, Value: float64(b.BackingOffEvents)},
+		Metric{Name: MetricParkedEvents, Unit: Count, Value: float64(b.ParkedEvents)},
+		Metric{Name: MetricOldestDueAgeSecond, Unit: Seconds, Value: b.OldestDueAge.Seconds()},
+		Metric{Name: MetricRetryingAggregates, Unit: Count, Value: float64(b.RetryingAggregates)},
 	)
 }
 

@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"fmt"
+	mathrand "math/rand"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -23,29 +24,62 @@ const crashURLEnv = "FIFOBOX_CRASH_CHILD_URL"
 // TestCrashRecovery kills a dispatcher process with SIGKILL in the middle of
 // batches, restarts it, and repeats. The "broker" is a table the child writes
 // its acknowledgements to, committed before the child marks the rows sent, so
-// a kill between publish and mark shows up as a duplicate. Nothing may be
-// lost and per-aggregate order must hold (a duplicate may only repeat the
-// event just acknowledged).
+// a kill between publish and mark shows up as duplicates (the claimed run is
+// published again). Nothing may be lost and per-aggregate order must hold:
+// an event is never acknowledged before every earlier one of its aggregate.
+// The backlog is interleaved over 60 aggregates, or skewed: one aggregate
+// with half of it, or a Zipf (s = 1.1) spread over 300 aggregates.
 func TestCrashRecovery(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
 		t.Skip("crash test spawns processes")
 	}
+	zipf := mathrand.NewZipf(mathrand.New(mathrand.NewSource(7)), 1.1, 1, 299)
+	for _, sh := range []struct {
+		name  string
+		total int
+		pick  func(i int) string
+	}{
+		{"interleaved", 4800, func(i int) string { return fmt.Sprintf("c-%02d", i%60) }},
+		{"hot-half", 4000, func(i int) string {
+			if i%2 == 0 {
+				return "hot"
+			}
+			return fmt.Sprintf("c-%02d", i%40)
+		}},
+		{"zipf", 4000, func(int) string { return fmt.Sprintf("z-%03d", zipf.Uint64()) }},
+	} {
+		// Built here, not in the parallel subtest: zipf is not safe for
+		// concurrent use.
+		want := map[string]int{}
+		var batches [][]envelope.Envelope
+		var evs []envelope.Envelope
+		for i := 0; i < sh.total; i++ {
+			agg := sh.pick(i)
+			want[agg]++
+			evs = append(evs, event(agg, want[agg]))
+			if len(evs) == 60 {
+				batches, evs = append(batches, evs), nil
+			}
+		}
+		batches = append(batches, evs)
+		t.Run(sh.name, func(t *testing.T) {
+			t.Parallel()
+			crashRecovery(t, batches, want)
+		})
+	}
+}
+
+func crashRecovery(t *testing.T, batches [][]envelope.Envelope, want map[string]int) {
 	db := pgtest.New(t)
 	ctx := context.Background()
 	if _, err := db.Pool.Exec(ctx, `CREATE TABLE crash_acks (n bigserial PRIMARY KEY, event_id uuid, aggregate_id text, seq bigint)`); err != nil {
 		t.Fatal(err)
 	}
-	const aggregates, perAggregate = 60, 80
-	want := map[string]int{}
-	for round := 1; round <= perAggregate; round++ {
-		evs := make([]envelope.Envelope, 0, aggregates)
-		for a := 0; a < aggregates; a++ {
-			agg := fmt.Sprintf("c-%02d", a)
-			evs = append(evs, event(agg, round))
-			want[agg]++
-		}
+	total := 0
+	for _, evs := range batches {
 		enqueue(t, db.Pool, evs...)
+		total += len(evs)
 	}
 
 	start := func() *exec.Cmd {
@@ -91,8 +125,8 @@ func TestCrashRecovery(t *testing.T) {
 	dups := checkOrder(t, acks, want, true)
 	var reclaimed int
 	_ = db.Pool.QueryRow(ctx, `SELECT coalesce(sum(expired_leases), 0) FROM outbox_heads`).Scan(&reclaimed)
-	t.Logf("%d kills; %d events, %d acknowledgements, %d duplicates from kills between publish and mark, %d runs re-claimed after a lease expired",
-		kills, aggregates*perAggregate, len(acks), dups, reclaimed)
+	t.Logf("%d kills; %d events of %d aggregates, %d acknowledgements, %d duplicates from kills between publish and mark, %d runs re-claimed after a lease expired",
+		kills, total, len(want), len(acks), dups, reclaimed)
 	if n := count(t, db.Pool, "state <> 'sent'"); n != 0 {
 		t.Fatalf("%d events not sent", n)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -220,23 +221,45 @@ const sqlSelectWhere = `
   AND ($4::timestamptz IS NULL OR created_at < $4)`
 
 func (s *Service) requeueDead(ctx context.Context, cmd Command) (Result, error) {
+	return s.changeDead(ctx, cmd, "requeue", "requeued", func(tx pgx.Tx, sel outbox.DeadSelection) (int64, error) {
+		return outbox.RequeueDead(ctx, tx, sel)
+	})
+}
+
+// discardDead gives up on dead events for good. Only explicit event ids: a
+// discarded event is never published, so it is chosen one by one.
+func (s *Service) discardDead(ctx context.Context, cmd Command) (Result, error) {
+	if len(cmd.EventIDs) == 0 {
+		return Result{}, errors.New("discard-dead: event_ids is required (discarding is chosen event by event)")
+	}
+	if strings.TrimSpace(cmd.Reason) == "" {
+		return Result{}, errors.New("discard-dead: reason is required")
+	}
+	return s.changeDead(ctx, cmd, "discard", "discarded", func(tx pgx.Tx, sel outbox.DeadSelection) (int64, error) {
+		return outbox.DiscardDead(ctx, tx, sel, cmd.Reason)
+	})
+}
+
+// changeDead counts the selected dead events (all a dry run does), then
+// applies change in the transaction that writes and finishes the audit row.
+func (s *Service) changeDead(ctx context.Context, cmd Command, verb, done string, change func(pgx.Tx, outbox.DeadSelection) (int64, error)) (Result, error) {
 	ids, since, until, err := selection(cmd, false)
 	if err != nil {
-		return Result{}, fmt.Errorf("requeue-dead: %w", err)
+		return Result{}, fmt.Errorf("%s: %w", cmd.Operation, err)
 	}
 	res := Result{Operation: cmd.Operation, DryRun: cmd.DryRun}
 	var n int64
 	var aggs int
 	if err := s.db.QueryRow(ctx, `SELECT count(*), count(DISTINCT (aggregate_type, aggregate_id)) FROM outbox WHERE state = 'dead'`+sqlSelectWhere,
 		ids, cmd.AggregateType, since, until).Scan(&n, &aggs); err != nil {
-		return res, fmt.Errorf("requeue-dead: count: %w", err)
+		return res, fmt.Errorf("%s: count: %w", cmd.Operation, err)
 	}
 	res.Affected, res.Aggregates = n, aggs
 	if n > int64(cmd.Max) {
-		return res, fmt.Errorf("requeue-dead: %d dead events selected, more than max %d: narrow the selection or raise max", n, cmd.Max)
+		return res, fmt.Errorf("%s: %d dead events selected, more than max %d: narrow the selection or raise max", cmd.Operation, n, cmd.Max)
 	}
 	if cmd.DryRun {
-		res.Message = fmt.Sprintf("would requeue %d dead events of %d aggregates", n, aggs)
+		res.Message = fmt.Sprintf("would %s %d dead events of %d aggregates", verb, n, aggs)
 		return res, nil
 	}
 	var auditID int64
@@ -244,29 +267,20 @@ func (s *Service) requeueDead(ctx context.Context, cmd Command) (Result, error) 
 		if auditID, err = s.auditStart(ctx, tx, cmd); err != nil {
 			return err
 		}
-		// Rows are locked in aggregate order (deterministic, no deadlock with
-		// a concurrent requeue); the dispatcher publishes each aggregate's
-		// requeued head first and the events parked behind it after it.
-		tag, err := tx.Exec(ctx, `
-WITH sel AS (
-  SELECT id FROM outbox WHERE state = 'dead'`+sqlSelectWhere+`
-  ORDER BY aggregate_type, aggregate_id, aggregate_seq
-  FOR UPDATE
-)
-UPDATE outbox o SET state = 'pending', attempts = 0, next_attempt_at = now(), claim_token = NULL
-FROM sel WHERE o.id = sel.id`, ids, cmd.AggregateType, since, until)
+		// Heads are locked before events, in aggregate order, as the
+		// dispatcher does: no deadlock with it or a concurrent operation.
+		res.Affected, err = change(tx, outbox.DeadSelection{EventIDs: ids, AggregateType: cmd.AggregateType, Since: since, Until: until})
 		if err != nil {
-			return fmt.Errorf("requeue dead events: %w", err)
+			return err
 		}
-		res.Affected = tag.RowsAffected()
 		_, err = tx.Exec(ctx, `UPDATE redrive_audit SET status = 'done', affected = $2, finished_at = now() WHERE id = $1`, auditID, res.Affected)
 		return err
 	})
 	if err != nil {
-		return res, fmt.Errorf("requeue-dead: %w", err)
+		return res, fmt.Errorf("%s: %w", cmd.Operation, err)
 	}
 	res.AuditID = auditID
-	res.Message = fmt.Sprintf("requeued %d dead events of %d aggregates", res.Affected, aggs)
+	res.Message = fmt.Sprintf("%s %d dead events of %d aggregates", done, res.Affected, aggs)
 	s.log.Info("redrive operation finished", "audit_id", auditID, "operation", cmd.Operation, "actor", cmd.Actor, "status", "done", "affected", res.Affected)
 	return res, nil
 }

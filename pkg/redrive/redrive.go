@@ -1,9 +1,12 @@
 // Package redrive holds fifobox's operator actions on a running pipeline,
 // shared by the redrive Lambda and the fifobox CLI:
 //
-//   - requeue-dead: dead outbox rows go back to pending (attempts 0, due
-//     now); the dispatcher's head-only claim then publishes each aggregate's
-//     events in sequence order, the requeued one first.
+//   - requeue-dead: dead outbox rows go back to pending (attempts 0) and
+//     their aggregates' heads become due now; the dispatcher then publishes
+//     each aggregate's events in sequence order, the requeued one first.
+//   - discard-dead: dead events that can never be published (a broker
+//     rejects them for good) are given up, with a reason; their aggregates
+//     resume with the events after them. Explicit event ids only.
 //   - replay: sent events of one aggregate type and time range are sent again
 //     to ONE consumer's SQS queue (same body, MessageGroupId = aggregate id,
 //     in sequence order), after deleting that consumer's inbox entries for
@@ -42,6 +45,7 @@ const (
 	OpStatus        = "status"
 	OpDeadList      = "dead-list"
 	OpRequeueDead   = "requeue-dead"
+	OpDiscardDead   = "discard-dead"
 	OpReplay        = "replay"
 	OpDLQRedrive    = "dlq-redrive"
 	OpPrune         = "prune"
@@ -52,7 +56,7 @@ const (
 )
 
 // allOperations lists every operation, in the order the docs give them.
-var allOperations = []string{OpMigrate, OpStatus, OpDeadList, OpRequeueDead, OpReplay, OpDLQRedrive, OpPrune}
+var allOperations = []string{OpMigrate, OpStatus, OpDeadList, OpRequeueDead, OpDiscardDead, OpReplay, OpDLQRedrive, OpPrune}
 
 var operations = strings.Join(allOperations, ", ")
 
@@ -71,7 +75,7 @@ func CheckOperation(op string) error {
 // Command is one operator request, the JSON the redrive Lambda is invoked
 // with and the CLI builds from its flags.
 type Command struct {
-	// Operation is one of migrate, status, dead-list, requeue-dead, replay, dlq-redrive, prune.
+	// Operation is one of migrate, status, dead-list, requeue-dead, discard-dead, replay, dlq-redrive, prune.
 	Operation string `json:"operation,omitempty"`
 	// Actor says who asked (the CLI sends user@host); recorded in the audit.
 	Actor string `json:"actor,omitempty"`
@@ -80,8 +84,11 @@ type Command struct {
 	// DryRun reports what would be done without doing it.
 	DryRun bool `json:"dry_run,omitempty"`
 
-	// EventIDs selects events by id (requeue-dead).
+	// EventIDs selects events by id (requeue-dead, discard-dead).
 	EventIDs []string `json:"event_ids,omitempty"`
+	// Reason says why dead events are discarded (discard-dead, required);
+	// it is appended to each event's last error and kept in the audit.
+	Reason string `json:"reason,omitempty"`
 	// AggregateType, Since and Until select events by aggregate type and
 	// creation time, Since inclusive, Until exclusive (requeue-dead, replay).
 	AggregateType string     `json:"aggregate_type,omitempty"`
@@ -236,6 +243,8 @@ func (s *Service) Execute(ctx context.Context, cmd Command) (Result, error) {
 		return s.deadList(ctx, cmd)
 	case OpRequeueDead:
 		res, err = s.requeueDead(ctx, cmd)
+	case OpDiscardDead:
+		res, err = s.discardDead(ctx, cmd)
 	case OpReplay:
 		res, err = s.replay(ctx, cmd)
 	case OpDLQRedrive:

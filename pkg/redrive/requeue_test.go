@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -146,6 +147,76 @@ func TestRequeueDeadPublishesInOrder(t *testing.T) {
 	_ = json.Unmarshal(audit[1].Params, &p)
 	if p["aggregate_type"] != "order" || p["since"] == nil {
 		t.Fatalf("audit params %s", audit[1].Params)
+	}
+}
+
+// A dead event no broker will accept is discarded on purpose: its aggregate
+// resumes with the events after it, in order; nothing else changes; a dry
+// run changes nothing; the reason is kept on the event and in the audit.
+func TestDiscardDeadResumesItsAggregate(t *testing.T) {
+	db := pgtest.New(t)
+	ctx := context.Background()
+	a1, a2, a3, a4 := event("order", "a", "order.placed"), event("order", "a", "order.paid"), event("order", "a", "order.shipped"), event("order", "a", "order.updated")
+	b1 := event("order", "b", "order.placed")
+	enqueue(t, db, a1, a2, a3, a4, b1)
+	rec := &outboxtest.Recorder{Fail: func(m outbox.Message) error {
+		if m.EventID == a2.ID {
+			return outbox.Permanent(errors.New("InvalidParameter: message too long"))
+		}
+		return nil
+	}}
+	drain(t, db, rec)
+	if st, _ := outbox.Stats(ctx, db.Pool); st.Dead != 1 || st.ParkedEvents != 3 || rec.Len() != 2 {
+		t.Fatalf("before discard: %+v, %d acked", st, rec.Len())
+	}
+	svc, err := redrive.New(db.Pool, nil, redrive.Config{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, c := range map[string]redrive.Command{
+		"no event ids": {Operation: redrive.OpDiscardDead, AggregateType: "order", Reason: "x"},
+		"no reason":    {Operation: redrive.OpDiscardDead, EventIDs: []string{a2.ID}},
+		"bad id":       {Operation: redrive.OpDiscardDead, EventIDs: []string{"nope"}, Reason: "x"},
+	} {
+		if _, err := svc.Execute(ctx, c); err == nil {
+			t.Fatalf("%s: accepted", name)
+		}
+	}
+	res, err := svc.Execute(ctx, redrive.Command{Operation: redrive.OpDiscardDead, EventIDs: []string{a2.ID}, Reason: "too large", DryRun: true, Actor: "ops"})
+	if err != nil || res.Affected != 1 {
+		t.Fatalf("dry run: %+v %v", res, err)
+	}
+	drain(t, db, rec)
+	if st, _ := outbox.Stats(ctx, db.Pool); st.Dead != 1 || rec.Len() != 2 {
+		t.Fatalf("the dry run changed something: %+v, %d acked", st, rec.Len())
+	}
+	res, err = svc.Execute(ctx, redrive.Command{Operation: redrive.OpDiscardDead, EventIDs: []string{a2.ID}, Reason: "too large, re-issued", Actor: "ops"})
+	if err != nil || res.Affected != 1 || res.AuditID == 0 {
+		t.Fatalf("discard: %+v %v", res, err)
+	}
+	drain(t, db, rec)
+	var seqs []int64
+	for _, a := range rec.Acks() {
+		if a.AggregateID == "a" {
+			seqs = append(seqs, a.Sequence)
+		}
+	}
+	if fmt.Sprint(seqs) != "[1 3 4]" {
+		t.Fatalf("aggregate a published %v, want [1 3 4] (2 discarded)", seqs)
+	}
+	var state, lastErr string
+	if err := db.Pool.QueryRow(ctx, `SELECT state, last_error FROM outbox WHERE event_id = $1`, a2.ID).Scan(&state, &lastErr); err != nil {
+		t.Fatal(err)
+	}
+	if state != "discarded" || !strings.Contains(lastErr, "too large, re-issued") || !strings.Contains(lastErr, "InvalidParameter") {
+		t.Fatalf("discarded event: state %s, last_error %q", state, lastErr)
+	}
+	if st, _ := outbox.Stats(ctx, db.Pool); st.Dead != 0 || st.Pending != 0 || st.ParkedAggregates != 0 {
+		t.Fatalf("after discard: %+v", st)
+	}
+	audit, err := redrive.ListAudit(ctx, db.Pool, 1)
+	if err != nil || len(audit) != 1 || audit[0].Operation != "discard-dead" || !strings.Contains(string(audit[0].Params), "too large, re-issued") {
+		t.Fatalf("audit: %+v %v", audit, err)
 	}
 }
 

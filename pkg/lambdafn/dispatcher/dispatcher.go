@@ -1,13 +1,14 @@
 // Package dispatcher is the dispatcher Lambda's handler: each invocation
 // (an EventBridge Scheduler tick, once a minute) runs outbox.Dispatcher.Run
 // until shortly before the invocation's deadline, so events committed during
-// the invocation are published within a poll interval, and emits EMF metrics:
-// the outbox backlog at the start and the end of the invocation, and batch
-// counts while it runs.
+// the invocation are published within a poll interval, and emits EMF metrics
+// every MetricsInterval while it runs (and at its start and end): the outbox
+// backlog gauges (due, backing off, parked, retrying, publish lag) and batch
+// counts.
 //
-// Overlapping invocations are safe: the claim takes rows FOR UPDATE SKIP
-// LOCKED, one head per aggregate, so two dispatchers never publish the same
-// event at once and per-aggregate order holds.
+// Overlapping invocations are safe: the claim leases aggregate heads FOR
+// UPDATE SKIP LOCKED, so two dispatchers never publish an aggregate at once
+// and per-aggregate order holds.
 package dispatcher
 
 import (
@@ -33,8 +34,8 @@ type Config struct {
 	TopicARN string
 	// Dispatcher tunes the outbox dispatcher (batch size, deadline margin...).
 	Dispatcher outbox.DispatcherConfig
-	// MetricsInterval is how often batch counts are flushed as an EMF line
-	// while the invocation runs. Default 10s.
+	// MetricsInterval is how often the backlog gauges and batch counts are
+	// emitted as EMF lines while the invocation runs. Default 10s.
 	MetricsInterval time.Duration
 	// NoDeadlineRun bounds an invocation whose context has no deadline (a
 	// local run): Run then stops after this long. Default 50s.
@@ -72,10 +73,11 @@ func (c Config) Validate() error {
 }
 
 // ConfigFromEnv reads FIFOBOX_TOPIC_ARN (required) and the optional knobs: FIFOBOX_BATCH_SIZE,
-// FIFOBOX_PUBLISH_CONCURRENCY, FIFOBOX_MAX_ATTEMPTS, FIFOBOX_POLL_INTERVAL,
+// FIFOBOX_MAX_RUN, FIFOBOX_PUBLISH_CONCURRENCY, FIFOBOX_MAX_ATTEMPTS (0: no
+// cap), FIFOBOX_RETRY_FOR, FIFOBOX_RUN_BUDGET, FIFOBOX_POLL_INTERVAL,
 // FIFOBOX_DEADLINE_MARGIN and FIFOBOX_METRICS_INTERVAL (durations such as
-// "50ms", "3s"). Unset ones keep their defaults; a bad value is an error
-// naming the variable.
+// "50ms", "3s", "24h"), FIFOBOX_LOG_AGGREGATE_IDS (true/false). Unset ones
+// keep their defaults; a bad value is an error naming the variable.
 func ConfigFromEnv() (Config, error) {
 	c := Config{TopicARN: os.Getenv("FIFOBOX_TOPIC_ARN")}
 	if c.TopicARN == "" {
@@ -86,13 +88,14 @@ func ConfigFromEnv() (Config, error) {
 		dst  *int
 	}{
 		{"FIFOBOX_BATCH_SIZE", &c.Dispatcher.BatchSize},
+		{"FIFOBOX_MAX_RUN", &c.Dispatcher.MaxRun},
 		{"FIFOBOX_PUBLISH_CONCURRENCY", &c.Dispatcher.PublishConcurrency},
 		{"FIFOBOX_MAX_ATTEMPTS", &c.Dispatcher.MaxAttempts},
 	}
 	for _, v := range ints {
 		if s := os.Getenv(v.name); s != "" {
 			n, err := strconv.Atoi(s)
-			if err != nil || n < 1 {
+			if err != nil || n < 0 || (n == 0 && v.name != "FIFOBOX_MAX_ATTEMPTS") {
 				return c, fmt.Errorf("%s=%q: want a positive integer", v.name, s)
 			}
 			*v.dst = n
@@ -104,6 +107,8 @@ func ConfigFromEnv() (Config, error) {
 	}{
 		{"FIFOBOX_POLL_INTERVAL", &c.Dispatcher.PollInterval},
 		{"FIFOBOX_DEADLINE_MARGIN", &c.Dispatcher.DeadlineMargin},
+		{"FIFOBOX_RETRY_FOR", &c.Dispatcher.RetryFor},
+		{"FIFOBOX_RUN_BUDGET", &c.Dispatcher.RunBudget},
 		{"FIFOBOX_METRICS_INTERVAL", &c.MetricsInterval},
 	}
 	for _, v := range durs {
@@ -114,6 +119,13 @@ func ConfigFromEnv() (Config, error) {
 			}
 			*v.dst = d
 		}
+	}
+	if s := os.Getenv("FIFOBOX_LOG_AGGREGATE_IDS"); s != "" {
+		b, err := strconv.ParseBool(s)
+		if err != nil {
+			return c, fmt.Errorf("FIFOBOX_LOG_AGGREGATE_IDS=%q: want true or false", s)
+		}
+		c.Dispatcher.LogAggregateIDs = b
 	}
 	return c, nil
 }
@@ -159,15 +171,21 @@ type Result struct {
 // BacklogReport is outbox.Backlog in JSON-friendly units.
 type BacklogReport struct {
 	Pending             int64   `json:"pending"`
+	Due                 int64   `json:"due"`
+	BackingOff          int64   `json:"backing_off"`
+	Parked              int64   `json:"parked"`
+	RetryingAggregates  int64   `json:"retrying_aggregates"`
 	InFlight            int64   `json:"in_flight"`
 	Dead                int64   `json:"dead"`
 	ParkedAggregates    int64   `json:"parked_aggregates"`
+	OldestDueAgeSec     float64 `json:"oldest_due_age_seconds"`
 	OldestPendingAgeSec float64 `json:"oldest_pending_age_seconds"`
 }
 
 func report(b outbox.Backlog) BacklogReport {
-	return BacklogReport{Pending: b.Pending, InFlight: b.InFlight, Dead: b.Dead, ParkedAggregates: b.ParkedAggregates,
-		OldestPendingAgeSec: b.OldestPendingAge.Seconds()}
+	return BacklogReport{Pending: b.Pending, Due: b.DueEvents, BackingOff: b.BackingOffEvents, Parked: b.ParkedEvents,
+		RetryingAggregates: b.RetryingAggregates, InFlight: b.InFlight, Dead: b.Dead, ParkedAggregates: b.ParkedAggregates,
+		OldestDueAgeSec: b.OldestDueAge.Seconds(), OldestPendingAgeSec: b.OldestPendingAge.Seconds()}
 }
 
 // Handle is the Lambda handler. The event (EventBridge Scheduler or any
@@ -218,6 +236,11 @@ func (h *Handler) Handle(ctx context.Context, _ json.RawMessage) (Result, error)
 				return
 			case <-t.C:
 				h.emit(counter.Flush(h.em))
+				// The gauges too: alarms evaluate them every minute, and an
+				// invocation runs for minutes.
+				if _, err := h.stats(ctx); err != nil {
+					h.log.Warn("outbox stats failed", "error", err.Error())
+				}
 			}
 		}
 	}()
@@ -237,8 +260,9 @@ func (h *Handler) Handle(ctx context.Context, _ json.RawMessage) (Result, error)
 	}
 	res.DurationMs = time.Since(start).Milliseconds()
 	h.log.Info("dispatcher invocation done", "batches", res.Batches, "published", res.Published, "retries", res.Retries,
-		"dead", res.Dead, "lost", res.Lost, "pending", res.End.Pending, "dead_total", res.End.Dead,
-		"oldest_pending_age_seconds", res.End.OldestPendingAgeSec, "duration_ms", res.DurationMs)
+		"dead", res.Dead, "lost", res.Lost, "pending", res.End.Pending, "due", res.End.Due, "backing_off", res.End.BackingOff,
+		"parked", res.End.Parked, "dead_total", res.End.Dead, "oldest_due_age_seconds", res.End.OldestDueAgeSec,
+		"duration_ms", res.DurationMs)
 	return res, runErr
 }
 

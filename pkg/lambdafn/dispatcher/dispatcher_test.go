@@ -87,7 +87,7 @@ func invocation(t testing.TB) []time.Duration {
 	var emf bytes.Buffer
 	em := metrics.New(&syncWriter{w: &emf}, "")
 	h, err := dispatcher.New(db.Pool, pub, em, dispatcher.Config{
-		Dispatcher:      outbox.DispatcherConfig{DeadlineMargin: time.Second},
+		Dispatcher:      outbox.DispatcherConfig{DeadlineMargin: time.Second, MarkTimeout: 500 * time.Millisecond},
 		MetricsInterval: time.Second,
 		Logger:          slog.New(slog.NewTextHandler(testWriter{t}, nil)),
 	})
@@ -149,11 +149,11 @@ func invocation(t testing.TB) []time.Duration {
 	}
 	var claimed, pending int
 	if err := db.Pool.QueryRow(context.Background(),
-		`SELECT count(*) FILTER (WHERE claim_token IS NOT NULL), count(*) FILTER (WHERE state = 'pending') FROM outbox`).Scan(&claimed, &pending); err != nil {
+		`SELECT (SELECT count(*) FROM outbox_heads WHERE claim_token IS NOT NULL), count(*) FILTER (WHERE state = 'pending') FROM outbox`).Scan(&claimed, &pending); err != nil {
 		t.Fatal(err)
 	}
 	if claimed != 0 {
-		t.Fatalf("%d rows left claimed after the invocation", claimed)
+		t.Fatalf("%d aggregates left claimed after the invocation", claimed)
 	}
 	if pending != 0 {
 		t.Fatalf("%d events committed during the invocation were not published; result %+v", pending, o.res)
@@ -184,7 +184,8 @@ func invocation(t testing.TB) []time.Duration {
 		t.Fatalf("result %+v, want %d published and nothing pending", o.res, len(lat))
 	}
 
-	// Metrics: valid EMF; backlog at start and end; published counts add up.
+	// Metrics: valid EMF; the backlog gauges at the start, every metrics
+	// interval (1 s here) and at the end; published counts add up.
 	var published float64
 	var backlogLines int
 	sc := bufio.NewScanner(bytes.NewReader(emf.Bytes()))
@@ -201,10 +202,18 @@ func invocation(t testing.TB) []time.Duration {
 		}
 		if _, ok := m["OutboxBacklog"]; ok {
 			backlogLines++
+			for _, g := range []string{metrics.MetricDueEvents, metrics.MetricBackingOffEvents, metrics.MetricParkedEvents,
+				metrics.MetricOldestDueAgeSecond, metrics.MetricRetryingAggregates} {
+				if _, ok := m[g]; !ok {
+					t.Fatalf("backlog line without %s: %s", g, sc.Text())
+				}
+			}
 		}
 	}
-	if backlogLines != 2 || published != float64(len(lat)) {
-		t.Fatalf("EMF: %d backlog lines (want 2), Published sum %v (want %d)\n%s", backlogLines, published, len(lat), emf.String())
+	// A 4 s invocation stops claiming 1 s before its end: start, 2-3 ticks, end.
+	if backlogLines < 4 || published != float64(len(lat)) {
+		t.Fatalf("EMF: %d backlog lines (want the start, the end and one per second between), Published sum %v (want %d)\n%s",
+			backlogLines, published, len(lat), emf.String())
 	}
 	return lat
 }
@@ -223,7 +232,7 @@ func TestOverlappingInvocations(t *testing.T) {
 	pub := &timedPublisher{delay: time.Millisecond, at: map[string]time.Time{}, order: map[string][]int64{}}
 	var wg sync.WaitGroup
 	for i := 0; i < 2; i++ {
-		h, err := dispatcher.New(db.Pool, pub, nil, dispatcher.Config{Dispatcher: outbox.DispatcherConfig{BatchSize: 20, DeadlineMargin: 200 * time.Millisecond},
+		h, err := dispatcher.New(db.Pool, pub, nil, dispatcher.Config{Dispatcher: outbox.DispatcherConfig{BatchSize: 20, DeadlineMargin: 300 * time.Millisecond, MarkTimeout: 200 * time.Millisecond},
 			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 		if err != nil {
 			t.Fatal(err)
@@ -268,9 +277,23 @@ func TestConfigFromEnv(t *testing.T) {
 	if err != nil || c.TopicARN != topic || c.Dispatcher.BatchSize != 200 || c.Dispatcher.PollInterval != 20*time.Millisecond {
 		t.Fatalf("%+v %v", c, err)
 	}
-	t.Setenv("FIFOBOX_DEADLINE_MARGIN", "soon")
-	if _, err := dispatcher.ConfigFromEnv(); err == nil || !bytes.Contains([]byte(err.Error()), []byte("FIFOBOX_DEADLINE_MARGIN")) {
-		t.Fatalf("err %v", err)
+	t.Setenv("FIFOBOX_RETRY_FOR", "6h")
+	t.Setenv("FIFOBOX_MAX_ATTEMPTS", "0")
+	t.Setenv("FIFOBOX_LOG_AGGREGATE_IDS", "true")
+	c, err = dispatcher.ConfigFromEnv()
+	if err != nil || c.Dispatcher.RetryFor != 6*time.Hour || c.Dispatcher.MaxAttempts != 0 || !c.Dispatcher.LogAggregateIDs {
+		t.Fatalf("%+v %v", c, err)
+	}
+	for name, bad := range map[string]string{
+		"FIFOBOX_DEADLINE_MARGIN": "soon", "FIFOBOX_RETRY_FOR": "-1h", "FIFOBOX_MAX_RUN": "0",
+		"FIFOBOX_LOG_AGGREGATE_IDS": "maybe", "FIFOBOX_MAX_ATTEMPTS": "-3",
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Setenv(name, bad)
+			if _, err := dispatcher.ConfigFromEnv(); err == nil || !bytes.Contains([]byte(err.Error()), []byte(name)) {
+				t.Fatalf("%s=%q: err %v, want one naming the variable", name, bad, err)
+			}
+		})
 	}
 }
 
