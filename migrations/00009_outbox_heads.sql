@@ -17,10 +17,12 @@
 -- moves a run per cycle instead of one event.
 --
 -- Head states:
---   ready  due at due_at: claimable once due_at <= now(). While claimed it
---          holds claim_token and due_at is the lease's end, so a crashed
---          dispatcher's run is claimed again after the lease. While backing
---          off after a failed publish, due_at is the retry time and
+--   ready  due at due_at: claimable once due_at <= now(), oldest first.
+--          Normally due_at is when the head's next event was enqueued, so
+--          the claim serves the oldest waiting event's aggregate first. While
+--          claimed it holds claim_token and due_at is the lease's end, so a
+--          crashed dispatcher's run is claimed again after the lease. While
+--          backing off after a failed publish, due_at is the retry time and
 --          retry_since when the head event first failed.
 --   idle   no unsent event at or after next_seq when last looked.
 --   dead   next_seq is a dead event: the aggregate is parked (only it).
@@ -90,7 +92,11 @@ ALTER TABLE outbox VALIDATE CONSTRAINT outbox_state_check;
 -- them in, so two writers cannot deadlock.
 -- +goose StatementBegin
 CREATE FUNCTION outbox_consume_wakeups(max_wakeups integer) RETURNS bigint
-LANGUAGE sql VOLATILE AS $wake$
+LANGUAGE sql VOLATILE
+-- Index probes only, whatever the statistics (a generic plan once chose a
+-- sequential scan of the outbox for a one-row probe).
+SET enable_seqscan = off
+SET enable_bitmapscan = off AS $wake$
 WITH consumed AS (
     DELETE FROM outbox_wakeups w
     WHERE w.id IN (SELECT id FROM outbox_wakeups ORDER BY id LIMIT max_wakeups FOR UPDATE SKIP LOCKED)
@@ -217,7 +223,9 @@ $run$;
 -- in since (wakes moved) or an unsent event is visible now.
 -- +goose StatementBegin
 CREATE FUNCTION outbox_idle_heads(types text[], ids text[], seen_wakes bigint[]) RETURNS bigint
-LANGUAGE sql VOLATILE AS $idle$
+LANGUAGE sql VOLATILE
+SET enable_seqscan = off
+SET enable_bitmapscan = off AS $idle$
 WITH u AS (
     SELECT * FROM unnest(types, ids, seen_wakes) AS u(t, i, w)
 ), locked AS (
@@ -256,7 +264,10 @@ $idle$;
 CREATE FUNCTION outbox_mark_runs(token uuid, types text[], ids text[], seen_wakes bigint[], next_seqs bigint[],
                                  outcomes text[], delays_ms bigint[], errors text[], fail_ids bigint[], sent_ids bigint[])
 RETURNS bigint
-LANGUAGE sql VOLATILE AS $mark$
+LANGUAGE sql VOLATILE
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $mark$
 WITH u AS (
     SELECT * FROM unnest(types, ids, seen_wakes, next_seqs, outcomes, delays_ms, errors, fail_ids)
         AS u(t, i, w, next_seq, outcome, delay_ms, err, fail_id)
@@ -286,16 +297,22 @@ WITH u AS (
         state = CASE
             WHEN own.outcome = 'dead' THEN 'dead'
             WHEN own.outcome IN ('retry', 'released') THEN 'ready'
-            WHEN h.wakes = own.w AND NOT EXISTS (
-                SELECT 1 FROM outbox o
-                WHERE o.aggregate_type = h.aggregate_type AND o.aggregate_id = h.aggregate_id
-                  AND o.aggregate_seq >= own.next_seq AND o.state <> 'sent' AND o.state <> 'discarded') THEN 'idle'
+            WHEN h.wakes = own.w AND nxt.created_at IS NULL THEN 'idle'
             ELSE 'ready' END,
+        -- Due order is the age of the head's next event: an aggregate with
+        -- an old backlog (a hot one) keeps its turn at the front, instead of
+        -- queueing behind every head that became due since.
         due_at = CASE WHEN own.outcome = 'retry' THEN now() + make_interval(secs => own.delay_ms / 1000.0)
-                      ELSE now() END,
+                      ELSE least(coalesce(nxt.created_at, now()), now()) END,
         retry_since = CASE WHEN own.outcome = 'retry' THEN coalesce(h.retry_since, now())
                            WHEN own.outcome = 'released' THEN h.retry_since END
     FROM own
+    LEFT JOIN LATERAL (
+        SELECT o.created_at FROM outbox o
+        WHERE o.aggregate_type = own.t AND o.aggregate_id = own.i
+          AND o.aggregate_seq >= own.next_seq AND o.state <> 'sent' AND o.state <> 'discarded'
+        ORDER BY o.aggregate_seq LIMIT 1
+    ) nxt ON true
     WHERE h.aggregate_type = own.t AND h.aggregate_id = own.i
     RETURNING 1
 )

@@ -113,7 +113,7 @@ var orderSteps = [...]string{"created", "paid", "shipped"}
 
 type invocations struct {
 	mu                             sync.Mutex
-	count, errs                    int
+	count, errs, overruns          int
 	published, retries, dead, lost int64
 }
 
@@ -185,6 +185,12 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 			inv.retries += res.Retries
 			inv.dead += res.Dead
 			inv.lost += res.Lost
+		}, func(late time.Duration) {
+			inv.mu.Lock()
+			inv.overruns++
+			inv.mu.Unlock()
+			d.Log.Error("dispatcher invocation overran its deadline: Lambda would have killed it there (its claimed runs wait out their lease, and the invocation counts as an error)",
+				"late_ms", late.Milliseconds())
 		})
 	}()
 
@@ -237,6 +243,9 @@ loop:
 	if prodErr != nil && !errors.Is(prodErr, context.Canceled) {
 		return prodErr
 	}
+	if inv.overruns > 0 {
+		return fmt.Errorf("%d dispatcher invocations overran their deadline (on AWS: killed mid-batch)", inv.overruns)
+	}
 	for _, n := range names {
 		if stats[n].violations.Load() > 0 {
 			return fmt.Errorf("queue %s: %d order violations", n, stats[n].violations.Load())
@@ -256,8 +265,12 @@ loop:
 
 // Schedule calls invoke every period, each call with a deadline of timeout,
 // as EventBridge Scheduler invokes a Lambda: calls may overlap; the first
-// runs at once. It returns when ctx is done and every call has returned.
-func Schedule(ctx context.Context, period, timeout time.Duration, invoke func(context.Context)) {
+// runs at once. Lambda kills an invocation still running at its deadline; a
+// goroutine cannot be killed, so a call still running then is reported to
+// overrun (with how late it returned) and counts as failed, which is what
+// it would be on AWS. It returns when ctx is done and every call has
+// returned.
+func Schedule(ctx context.Context, period, timeout time.Duration, invoke func(context.Context), overrun func(late time.Duration)) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	t := time.NewTicker(period)
@@ -268,7 +281,13 @@ func Schedule(ctx context.Context, period, timeout time.Duration, invoke func(co
 			defer wg.Done()
 			ictx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
+			deadline, _ := ictx.Deadline()
 			invoke(ictx)
+			// Judged by the deadline, not by ictx.Err(): a cancelled run
+			// (Ctrl-C) that returns promptly is no overrun.
+			if late := time.Since(deadline); late > 0 {
+				overrun(late)
+			}
 		}()
 		select {
 		case <-ctx.Done():
@@ -448,8 +467,8 @@ func summary(w io.Writer, interrupted bool, elapsed time.Duration, names []strin
 	if interrupted {
 		fmt.Fprintln(w, "interrupted: expected counts are the events enqueued before the stop; events still in flight stay in the outbox or their queue, and a later make local applies them, once")
 	}
-	fmt.Fprintf(w, "dispatcher: %d invocations (%d failed), published %d, retried %d, dead %d\n",
-		inv.count, inv.errs, inv.published, inv.retries, inv.dead)
+	fmt.Fprintf(w, "dispatcher: %d invocations (%d failed, %d overran their deadline), published %d, retried %d, dead %d\n",
+		inv.count, inv.errs, inv.overruns, inv.published, inv.retries, inv.dead)
 	inv.mu.Unlock()
 	fmt.Fprintf(w, "%-20s %9s %9s %11s %11s %8s %12s %12s\n", "consumer", "expected", "applied", "violations", "redelivered", "failed", "p50 latency", "p99 latency")
 	for _, n := range names {

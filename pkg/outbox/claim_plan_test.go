@@ -199,3 +199,94 @@ func checkClaimFetches(t *testing.T, db *pgtest.DB, batch int) claimStats {
 	}
 	return st
 }
+
+// An outbox that has run for a while has a head for every aggregate it ever
+// saw, nearly all idle. Claiming and marking must not read them: with
+// 50,000 idle heads beside 200 busy aggregates, neither statement scans the
+// heads or the events sequentially, and each reads about a row per event.
+func TestClaimAndMarkIgnoreIdleHeads(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO outbox_heads (aggregate_type, aggregate_id, next_seq, state)
+		SELECT 'order', 'idle-' || g, 2, 'idle' FROM generate_series(1, 50000) g`); err != nil {
+		t.Fatal(err)
+	}
+	insertRaw(t, db, fmt.Sprintf(rawEvents, `'busy-' || (g % 200)`, `g / 200 + 1`, `'pending'`, `NULL`), 1000)
+	for _, q := range []string{"ANALYZE outbox", "ANALYZE outbox_heads"} {
+		if _, err := db.Pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a measurement only
+	type counters struct{ seqRead, fetched float64 }
+	read := func() map[string]counters {
+		rows, err := tx.Query(ctx, `SELECT relname, coalesce(seq_tup_read, 0), coalesce(idx_tup_fetch, 0)
+			FROM pg_stat_xact_user_tables WHERE relname IN ('outbox', 'outbox_heads')`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		m := map[string]counters{}
+		for rows.Next() {
+			var n string
+			var c counters
+			if err := rows.Scan(&n, &c.seqRead, &c.fetched); err != nil {
+				t.Fatal(err)
+			}
+			m[n] = c
+		}
+		return m
+	}
+	check := func(what string, before map[string]counters, events int) {
+		t.Helper()
+		after := read()
+		for _, rel := range []string{"outbox", "outbox_heads"} {
+			seq, fetched := after[rel].seqRead-before[rel].seqRead, after[rel].fetched-before[rel].fetched
+			t.Logf("%s: %s: %.0f rows scanned sequentially, %.0f fetched by index, for %d events", what, rel, seq, fetched, events)
+			if seq > 0 || fetched > float64(3*events) {
+				t.Errorf("%s reads %s beyond its events: %.0f sequentially, %.0f by index for %d events", what, rel, seq, fetched, events)
+			}
+		}
+	}
+	before := read()
+	rows, err := tx.Query(ctx, `SELECT aggregate_type, aggregate_id, id, aggregate_seq, head_wakes FROM outbox_claim_runs(500, 5, '00000000-0000-4000-8000-000000000001', 60000, 1000) WHERE kind = 'event'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var types, ids []string
+	var wakes, next, sent []int64
+	for rows.Next() {
+		var typ, agg string
+		var id, seq, w int64
+		if err := rows.Scan(&typ, &agg, &id, &seq, &w); err != nil {
+			t.Fatal(err)
+		}
+		if len(ids) == 0 || ids[len(ids)-1] != agg {
+			types, ids, wakes, next = append(types, typ), append(ids, agg), append(wakes, w), append(next, 0)
+		}
+		next[len(next)-1] = seq + 1
+		sent = append(sent, id)
+	}
+	rows.Close()
+	check("claim", before, len(sent))
+	n := len(ids)
+	outcomes, delays, errs, fails := make([]string, n), make([]int64, n), make([]string, n), make([]int64, n)
+	for i := range outcomes {
+		outcomes[i] = "sent"
+	}
+	before = read()
+	var marked int64
+	if err := tx.QueryRow(ctx, `SELECT outbox_mark_runs('00000000-0000-4000-8000-000000000001', $1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::bigint[], $7::text[], $8::bigint[], $9::bigint[])`,
+		types, ids, wakes, next, outcomes, delays, errs, fails, sent).Scan(&marked); err != nil {
+		t.Fatal(err)
+	}
+	if marked != int64(n) || n != 100 {
+		t.Fatalf("marked %d runs of %d claimed; want 100 runs (500 events, 5 per aggregate)", marked, n)
+	}
+	check("mark", before, len(sent))
+}

@@ -28,8 +28,9 @@ type DispatcherConfig struct {
 	// BatchSize is the most events one claim takes. Default 500.
 	BatchSize int
 	// MaxRun is the most consecutive events of one aggregate one claim takes.
-	// Default BatchSize. The run actually claimed is also bounded by
-	// RunBudget.
+	// Default BatchSize/2, so a claim always has room for other aggregates
+	// beside a hot one (whose old backlog puts it first in line). The run
+	// actually claimed is also bounded by RunBudget.
 	MaxRun int
 	// RunBudget is how long publishing one aggregate's run may take: a run
 	// goes out one event per call, each after the previous one was
@@ -106,7 +107,7 @@ func (c *DispatcherConfig) setDefaults() {
 		}
 	}
 	def(&c.BatchSize, 500)
-	def(&c.MaxRun, c.BatchSize)
+	def(&c.MaxRun, max(c.BatchSize/2, 1))
 	def(&c.PublishBatchSize, 10)
 	def(&c.PublishConcurrency, 16)
 	def(&c.Workers, 4)
@@ -629,41 +630,81 @@ func (d *Dispatcher) idle(ctx context.Context, heads []emptyHead) {
 // each run whose earlier events were all acknowledged, PublishBatchSize
 // aggregates per call, PublishConcurrency calls at once. No call starts
 // after deadline; what is left is released, unattempted.
+//
+// The waves run in a goroutine of their own, watched: if they are still
+// running a moment after the deadline (a publisher that ignores its
+// context), the batch stops waiting; the events of the calls in flight
+// count as retryable failures (ErrPublishAbandoned). If such a call does
+// publish later, the copy is one the broker deduplicates (same event id),
+// because the retry goes out first.
 func (d *Dispatcher) publishRuns(ctx context.Context, runs []*run, deadline time.Time) {
-	live := append([]*run(nil), runs...) // filtered in place below; runs is the caller's
-	for wave := 0; len(live) > 0; wave++ {
-		if !time.Now().Before(deadline) {
-			return
-		}
-		msgs := make([]Message, len(live))
-		for i, r := range live {
-			msgs[i] = r.msgs[wave]
-		}
-		errs := d.publish(ctx, msgs, deadline)
-		next := live[:0]
-		for i, r := range live {
-			if errs[i] != nil {
-				r.err = errs[i]
-				continue
+	var (
+		mu        sync.Mutex
+		abandoned bool
+		inFlight  []*run // the wave being published
+	)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		live := append([]*run(nil), runs...) // filtered in place below; runs is the caller's
+		for wave := 0; len(live) > 0; wave++ {
+			mu.Lock()
+			if abandoned || !time.Now().Before(deadline) {
+				mu.Unlock()
+				return
 			}
-			r.done++
-			if r.done < len(r.msgs) {
-				next = append(next, r)
+			inFlight = live
+			mu.Unlock()
+			msgs := make([]Message, len(live))
+			for i, r := range live {
+				msgs[i] = r.msgs[wave]
 			}
+			errs := d.publish(ctx, msgs, deadline)
+			mu.Lock()
+			if abandoned {
+				mu.Unlock()
+				return
+			}
+			next := live[:0]
+			for i, r := range live {
+				if errs[i] != nil {
+					r.err = errs[i]
+					continue
+				}
+				r.done++
+				if r.done < len(r.msgs) {
+					next = append(next, r)
+				}
+			}
+			live, inFlight = next, nil
+			mu.Unlock()
 		}
-		live = next
+	}()
+	grace := time.NewTimer(time.Until(deadline) + d.abandonGrace())
+	defer grace.Stop()
+	select {
+	case <-done:
+	case <-grace.C:
+		mu.Lock()
+		abandoned = true
+		for _, r := range inFlight {
+			r.err = ErrPublishAbandoned
+		}
+		mu.Unlock()
+		d.log.Warn("outbox: publish calls overran the batch's deadline; abandoned, their events will be retried", "aggregates", len(inFlight))
 	}
 }
 
 // publish sends msgs (at most one per aggregate) in chunks of
 // PublishBatchSize, PublishConcurrency at a time, and returns one error per
-// message. Each call's timeout is PublishTimeout, cut to the deadline; a
-// call still running a moment after its timeout (a publisher that ignores
-// its context) is abandoned and counts as a retryable failure: if it does
-// publish later, the copy is one the broker deduplicates (same event id),
-// because the retry goes out first. A panicking publisher fails its chunk
-// (retryable) instead of killing the dispatcher mid-batch.
+// message. Each call's timeout is PublishTimeout, cut to the deadline. One
+// chunk is published by the calling goroutine: a run of one aggregate is a
+// long series of one-message calls, and a goroutine hand-off per call cost
+// more than the database work per event.
 func (d *Dispatcher) publish(ctx context.Context, msgs []Message, deadline time.Time) []error {
+	if len(msgs) <= d.cfg.PublishBatchSize {
+		return d.call(ctx, msgs, deadline)
+	}
 	errs := make([]error, len(msgs))
 	sem := make(chan struct{}, d.cfg.PublishConcurrency)
 	var wg sync.WaitGroup
@@ -674,63 +715,48 @@ func (d *Dispatcher) publish(ctx context.Context, msgs []Message, deadline time.
 		go func(chunk []Message, out []error) {
 			defer wg.Done()
 			defer func() { <-sem }()
-			res := d.call(ctx, chunk, minTime(time.Now().Add(d.cfg.PublishTimeout), deadline))
-			if len(res) != len(chunk) {
-				err := errWrongResultCount(len(res), len(chunk))
-				for i := range out {
-					out[i] = err
-				}
-				return
-			}
-			copy(out, res)
+			copy(out, d.call(ctx, chunk, deadline))
 		}(msgs[lo:hi], errs[lo:hi])
 	}
 	wg.Wait()
 	return errs
 }
 
-// ErrPublishAbandoned is the outcome of a Publish call that did not return
-// by its deadline (plus a grace period): retryable.
-var ErrPublishAbandoned = errors.New("outbox: publish call did not return by its deadline; abandoned")
+// ErrPublishAbandoned is the outcome of Publish calls still running a
+// moment after their batch's deadline: retryable.
+var ErrPublishAbandoned = errors.New("outbox: publish call did not return by its batch's deadline; abandoned")
 
-// call runs one Publish call with a deadline and returns its results, or
-// abandons it shortly after the deadline.
-func (d *Dispatcher) call(ctx context.Context, chunk []Message, deadline time.Time) []error {
-	pctx, cancel := context.WithDeadline(ctx, deadline)
+// call runs one Publish call with a deadline (PublishTimeout, cut to the
+// batch's) and returns exactly one result per message. A publisher that
+// panics or returns the wrong number of results fails the call (retryable)
+// instead of killing the dispatcher mid-batch.
+func (d *Dispatcher) call(ctx context.Context, chunk []Message, deadline time.Time) (errs []error) {
+	pctx, cancel := context.WithDeadline(ctx, minTime(time.Now().Add(d.cfg.PublishTimeout), deadline))
 	defer cancel()
-	done := make(chan []error, 1) // buffered: an abandoned call still finishes
 	start := time.Now()
-	go func() {
-		defer func() {
-			if r := recover(); r != nil {
-				errs := make([]error, len(chunk))
-				for i := range errs {
-					errs[i] = fmt.Errorf("publisher panicked: %v", r)
-				}
-				done <- errs
-			}
-		}()
-		done <- d.pub.Publish(pctx, chunk)
-	}()
-	grace := time.NewTimer(time.Until(deadline) + d.abandonGrace())
-	defer grace.Stop()
-	select {
-	case res := <-done:
-		d.observeLatency(time.Since(start))
-		return res
-	case <-grace.C:
-		d.observeLatency(time.Since(start))
-		errs := make([]error, len(chunk))
-		for i := range errs {
-			errs[i] = ErrPublishAbandoned
+	defer func() {
+		if r := recover(); r != nil {
+			errs = failAll(len(chunk), fmt.Errorf("publisher panicked: %v", r))
 		}
-		d.log.Warn("outbox: publish call overran its deadline; abandoned, its events will be retried", "messages", len(chunk))
-		return errs
+		d.observeLatency(time.Since(start))
+	}()
+	res := d.pub.Publish(pctx, chunk)
+	if len(res) != len(chunk) {
+		return failAll(len(chunk), errWrongResultCount(len(res), len(chunk)))
 	}
+	return res
 }
 
-// abandonGrace is how long past its deadline a Publish call is waited for:
-// a quarter of MarkTimeout, so recording the outcome still fits.
+func failAll(n int, err error) []error {
+	errs := make([]error, n)
+	for i := range errs {
+		errs[i] = err
+	}
+	return errs
+}
+
+// abandonGrace is how long past its deadline a batch's Publish calls are
+// waited for: a quarter of MarkTimeout, so recording the outcome still fits.
 func (d *Dispatcher) abandonGrace() time.Duration { return d.cfg.MarkTimeout / 4 }
 
 // markArgs are outbox_mark_runs' arrays, one entry per run.
