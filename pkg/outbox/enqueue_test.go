@@ -197,3 +197,28 @@ func TestEnqueueConcurrentSequences(t *testing.T) {
 		}
 	}
 }
+
+// Writer.MaxMessageBytes cannot exceed what SNS accepts: a larger event could
+// never be published, so it must be refused at enqueue, not parked later.
+func TestWriterMaxMessageBytesIsCappedAtTheSNSLimit(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	big := event("big", 1)
+	big.Payload = json.RawMessage(`{"blob":"` + strings.Repeat("x", envelope.DefaultMaxMessageBytes) + `"}`)
+	for _, w := range []outbox.Writer{{MaxMessageBytes: envelope.DefaultMaxMessageBytes + 1}, {MaxMessageBytes: 10 << 20}} {
+		err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error { return w.Enqueue(ctx, tx, big) })
+		if err == nil || !strings.Contains(err.Error(), "MaxMessageBytes") {
+			t.Fatalf("Writer{MaxMessageBytes: %d}: err %v, want one naming MaxMessageBytes", w.MaxMessageBytes, err)
+		}
+	}
+	if n := count(t, db.Pool, "true"); n != 0 {
+		t.Fatalf("%d events written", n)
+	}
+	// The default refuses the event as too large, naming the limit.
+	err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error { return outbox.Enqueue(ctx, tx, big) })
+	var ve *envelope.ValidationError
+	if !errors.As(err, &ve) {
+		t.Fatalf("default writer: err %v, want a *envelope.ValidationError", err)
+	}
+}

@@ -5,12 +5,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -313,4 +315,75 @@ type testWriter struct{ t testing.TB }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(string(bytes.TrimSpace(p)))
 	return len(p), nil
+}
+
+// Invocations end before their deadline whatever the broker does: four
+// overlapping invocations with 6 s deadlines, the shipped dispatcher
+// settings, 400 aggregates with 5 events each, and a publisher that takes
+// 1 s per call and fails one call in five. A batch of 400 aggregates needs
+// three rounds of 16 concurrent calls: claimed just before the stop point
+// (3 s before the deadline), it used to run past the deadline, where AWS
+// kills it mid-batch (16 of 68 invocations did, measured with 15 s
+// deadlines).
+func TestInvocationsEndBeforeTheirDeadlineUnderAFailingBroker(t *testing.T) {
+	db := pgtest.New(t)
+	ctx := context.Background()
+	for i := 0; i < 2000; i++ {
+		e := newEvent(fmt.Sprintf("order-%d", i%400))
+		if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error { return outbox.Enqueue(ctx, tx, e) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var calls atomic.Int64
+	pub := outbox.PublisherFunc(func(ctx context.Context, msgs []outbox.Message) []error {
+		errs := make([]error, len(msgs))
+		select {
+		case <-time.After(time.Second):
+		case <-ctx.Done():
+			for i := range errs {
+				errs[i] = ctx.Err()
+			}
+			return errs
+		}
+		if calls.Add(1)%5 == 0 {
+			for i := range errs {
+				errs[i] = errors.New("ServiceUnavailable")
+			}
+		}
+		return errs
+	})
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var wg sync.WaitGroup
+	var late atomic.Int64
+	for i := 0; i < 4; i++ {
+		h, err := dispatcher.New(db.Pool, pub, nil, dispatcher.Config{Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for round := 0; round < 2; round++ {
+				c, cancel := context.WithTimeout(ctx, 6*time.Second)
+				deadline, _ := c.Deadline()
+				_, _ = h.Handle(c, nil)
+				if time.Now().After(deadline) {
+					late.Add(1)
+					t.Errorf("invocation returned %s after its deadline", time.Since(deadline))
+				}
+				cancel()
+			}
+		}()
+	}
+	wg.Wait()
+	if calls.Load() == 0 {
+		t.Fatal("nothing was published")
+	}
+	var claimed int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox_heads WHERE claim_token IS NOT NULL`).Scan(&claimed); err != nil {
+		t.Fatal(err)
+	}
+	if claimed != 0 {
+		t.Fatalf("%d aggregates left claimed", claimed)
+	}
 }
