@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
@@ -209,6 +210,12 @@ func (h *Handler) record(ctx context.Context, b *batchTx, r events.SQSMessage, n
 		}()
 		return h.apply(ctx, b.tx, e)
 	}()
+	if err == nil && b.aborted() {
+		// The side effect returned nil but an SQL error inside it was
+		// swallowed (or it ended the transaction): its writes did not
+		// happen. Fail the record, rolling back to its own savepoint only.
+		err = errors.New("side effect returned nil but left the transaction aborted (an SQL error was swallowed); the record will be retried")
+	}
 	if err != nil {
 		b.undo(ctx) // the claim rolls back with the side effect
 		if IsPermanent(err) {
@@ -219,39 +226,67 @@ func (h *Handler) record(ctx context.Context, b *batchTx, r events.SQSMessage, n
 	return "", false, nil
 }
 
-// batchTx is a batch's transaction with one savepoint per record.
+// batchTx is a batch's transaction with one savepoint per record. Each
+// record's savepoint has its own name (fifobox_record_<n>), so rolling back
+// a record can never reach past it into the records applied before; the
+// previous record's savepoint is released in the same round trip that sets
+// the next one.
 type batchTx struct {
-	tx     pgx.Tx
-	broken error // set when the transaction can no longer be used
+	tx      pgx.Tx
+	n       int    // records started in this transaction
+	current string // the running record's savepoint
+	broken  error  // set when the transaction can no longer be used
 }
 
 // claim sets the record's savepoint and claims (consumer, event id) in one
 // round trip; false means the event was applied before.
 func (b *batchTx) claim(ctx context.Context, consumer string, e envelope.Envelope) (bool, error) {
 	batch := &pgx.Batch{}
-	batch.Queue(sqlSavepoint)
+	if b.current != "" {
+		batch.Queue("RELEASE SAVEPOINT " + b.current)
+	}
+	b.n++
+	b.current = "fifobox_record_" + strconv.Itoa(b.n)
+	batch.Queue("SAVEPOINT " + b.current)
 	batch.Queue(sqlClaim, consumer, e.ID, e.AggregateType, e.AggregateID, e.Sequence)
 	br := b.tx.SendBatch(ctx, batch)
-	_, err := br.Exec()
 	var tag pgconn.CommandTag
-	if err == nil {
+	var err error
+	for i := 0; i < batch.Len() && err == nil; i++ {
 		tag, err = br.Exec()
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
+		// The savepoint may not exist: undo only rolls back to this
+		// record's own savepoint, or else marks the transaction broken.
 		b.undo(ctx)
 		return false, fmt.Errorf("inbox claim: %w", err)
 	}
 	return tag.RowsAffected() == 1, nil
 }
 
-// undo rolls back to the record's savepoint; if even that fails the batch
-// transaction is broken and later records fail without running.
+// aborted reports whether the last statement left the transaction failed
+// (a side effect swallowed an SQL error) or ended it (a side effect ran
+// COMMIT or ROLLBACK itself). PostgreSQL reports the state in every
+// ReadyForQuery message, so this costs no round trip.
+func (b *batchTx) aborted() bool {
+	return b.tx.Conn().PgConn().TxStatus() != 'T'
+}
+
+// undo rolls back to the running record's savepoint; if even that fails the
+// batch transaction is broken and later records fail without running.
 func (b *batchTx) undo(ctx context.Context) {
-	if _, err := b.tx.Exec(ctx, sqlRollbackToSavepoint); err != nil && b.broken == nil {
+	if b.current == "" {
+		b.broken = errors.New("no savepoint to roll back to")
+		return
+	}
+	if _, err := b.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+b.current); err != nil && b.broken == nil {
 		b.broken = err
+	}
+	if b.broken == nil && b.aborted() {
+		b.broken = errors.New("transaction still aborted after rolling back a record")
 	}
 }
 

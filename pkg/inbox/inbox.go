@@ -44,10 +44,7 @@ type SideEffect func(ctx context.Context, tx pgx.Tx) error
 const (
 	sqlClaim = `INSERT INTO inbox (consumer, event_id, aggregate_type, aggregate_id, sequence)
 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (consumer, event_id) DO NOTHING`
-	// The handler's per-record savepoint within its batch transaction.
-	sqlSavepoint           = `SAVEPOINT fifobox_record`
-	sqlRollbackToSavepoint = `ROLLBACK TO SAVEPOINT fifobox_record`
-	sqlPrune               = `DELETE FROM inbox WHERE ctid IN (
+	sqlPrune = `DELETE FROM inbox WHERE ctid IN (
     SELECT ctid FROM inbox WHERE processed_at < $1 ORDER BY processed_at LIMIT $2)`
 )
 

@@ -381,3 +381,57 @@ func TestHandlerCommitFailureReportsTheBatch(t *testing.T) {
 		}
 	}
 }
+
+// A side effect that swallows an SQL error returns nil but leaves the batch
+// transaction aborted. The handler must fail that record (and only roll back
+// to its own savepoint), never acknowledge it. Batch [a0:g0, a1:g1, b1:g2]
+// with a1 swallowing an error: a1 is reported failed and not applied; a0
+// and b1 are applied.
+func TestHandlerFailsARecordThatLeftTheTransactionAborted(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	ctx := context.Background()
+	a0, a1, b1 := ev("g0", 1), ev("g1", 1), ev("g2", 1)
+	apply := func(ctx context.Context, tx pgx.Tx, e envelope.Envelope) error {
+		if err := record(ctx, tx, e); err != nil {
+			return err
+		}
+		if e.ID == a1.ID {
+			_, _ = tx.Exec(ctx, `SELECT 1/0`) // error swallowed: the transaction is now aborted
+		}
+		return nil
+	}
+	h, err := inbox.NewHandler(db.Pool, &fakeDLQ{}, apply, inbox.HandlerConfig{Consumer: "c", DLQURL: "d"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var batch events.SQSEvent
+	for i, e := range []envelope.Envelope{a0, a1, b1} {
+		b, _ := e.Encode()
+		batch.Records = append(batch.Records, events.SQSMessage{MessageId: fmt.Sprint("m", i), Body: string(b),
+			Attributes: map[string]string{"MessageGroupId": e.AggregateID, "ApproximateReceiveCount": "1"}})
+	}
+	resp, err := h.Handle(ctx, batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var failed []string
+	for _, f := range resp.BatchItemFailures {
+		failed = append(failed, f.ItemIdentifier)
+	}
+	if fmt.Sprint(failed) != "[m1]" {
+		t.Errorf("failed %v, want [m1] (the record that left the transaction aborted)", failed)
+	}
+	for _, c := range []struct {
+		e    envelope.Envelope
+		want int
+	}{{a0, 1}, {a1, 0}, {b1, 1}} {
+		if n := countEffects(t, db, c.e.ID); n != c.want {
+			t.Errorf("event of %s applied %d times, want %d", c.e.AggregateID, n, c.want)
+		}
+	}
+	var claims int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE event_id = $1`, a1.ID).Scan(&claims); err != nil || claims != 0 {
+		t.Errorf("a1 has %d inbox claims (%v), want 0: it must be delivered again", claims, err)
+	}
+}
