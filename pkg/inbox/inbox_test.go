@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -177,7 +178,7 @@ type rec struct {
 
 // Behaviour of a test apply: by aggregate id and sequence.
 func testApply(ctx context.Context, tx pgx.Tx, e envelope.Envelope) error {
-	switch fmt.Sprintf("%s/%d", e.AggregateID, e.Sequence) {
+	switch fmt.Sprintf("%s/%d", strings.TrimPrefix(e.AggregateID, "customer-4711-"), e.Sequence) {
 	case "A/2", "X/1":
 		return errors.New("database busy") // transient
 	case "P/1":
@@ -193,6 +194,7 @@ func TestHandlerPartialBatchFailures(t *testing.T) {
 	cases := []struct {
 		name       string
 		records    []rec
+		order      inbox.Order
 		dlqFails   bool
 		wantFailed []string
 		wantDLQ    []string // message ids dead-lettered
@@ -216,15 +218,29 @@ func TestHandlerPartialBatchFailures(t *testing.T) {
 			wantFailed: []string{"1", "2", "3"},
 		},
 		{
-			name:      "invalid envelope goes to the DLQ at once; its group continues",
+			name:      "relaxed: invalid envelope goes to the DLQ at once; its group continues",
 			records:   []rec{{id: "1", group: "I", body: `{"v":1,"id":"nope"}`}, {id: "2", group: "I", seq: 2}},
+			order:     inbox.OrderRelaxed,
 			wantDLQ:   []string{"1"},
 			wantApply: []string{"2"},
 		},
 		{
-			name:      "permanent error goes to the DLQ at once; its group continues",
+			name:      "relaxed: permanent error goes to the DLQ at once; its group continues",
 			records:   []rec{{id: "1", group: "P", seq: 1}, {id: "2", group: "P", seq: 2}},
+			order:     inbox.OrderRelaxed,
 			wantDLQ:   []string{"1"},
+			wantApply: []string{"2"},
+		},
+		{
+			name:      "strict: invalid envelope goes to the DLQ at once; its group is held behind it",
+			records:   []rec{{id: "1", group: "I", body: `{"v":1,"id":"nope"}`}, {id: "2", group: "I", seq: 2}, {id: "3", group: "J", seq: 1}},
+			wantDLQ:   []string{"1", "2"},
+			wantApply: []string{"3"},
+		},
+		{
+			name:      "strict: permanent error goes to the DLQ at once; its group is held behind it",
+			records:   []rec{{id: "1", group: "P", seq: 1}, {id: "2", group: "Q", seq: 1}, {id: "3", group: "P", seq: 2}, {id: "4", group: "P", seq: 3}},
+			wantDLQ:   []string{"1", "3", "4"},
 			wantApply: []string{"2"},
 		},
 		{
@@ -247,7 +263,8 @@ func TestHandlerPartialBatchFailures(t *testing.T) {
 			db := newDB(t)
 			dlq := &fakeDLQ{fail: tc.dlqFails}
 			var metrics inbox.BatchMetrics
-			h, err := inbox.NewHandler(db.Pool, dlq, testApply, inbox.HandlerConfig{Consumer: "c", DLQURL: "dlq-url", OnBatch: func(m inbox.BatchMetrics) { metrics = m }})
+			h, err := inbox.NewHandler(db.Pool, dlq, testApply, inbox.HandlerConfig{Consumer: "c", DLQURL: "dlq-url", Order: tc.order,
+				OnBatch: func(m inbox.BatchMetrics) { metrics = m }})
 			if err != nil {
 				t.Fatal(err)
 			}

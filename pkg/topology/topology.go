@@ -45,6 +45,23 @@ type Consumer struct {
 	MaxConcurrency int
 	// Filter maps message attribute names to allowed values; empty means every event.
 	Filter map[string][]string
+	// RelaxedOrder opts the consumer out of strict per-aggregate order.
+	// Strict (false, the default): once the consumer dead-letters an event,
+	// it sends the aggregate's later events to its DLQ behind it until
+	// redrive brings them back in order. Relaxed: later events are applied
+	// at once, and the dead one arrives after them when redriven (for side
+	// effects that do not depend on order). The consumer function gets it
+	// as FIFOBOX_CONSUMER_ORDER (OrderName).
+	RelaxedOrder bool
+}
+
+// OrderName is the consumer's order setting as FIFOBOX_CONSUMER_ORDER
+// spells it: "strict" or "relaxed".
+func (c Consumer) OrderName() string {
+	if c.RelaxedOrder {
+		return "relaxed"
+	}
+	return "strict"
 }
 
 // QueueName is the consumer's SQS FIFO queue name.
