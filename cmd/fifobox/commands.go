@@ -192,8 +192,8 @@ before is recognised only while its inbox row exists.`,
 				InboxOlderThan: inboxOlder.String(), DryRun: dry})
 		},
 	}
-	c.Flags().DurationVar(&older, "older-than", 7*24*time.Hour, "retention for sent events")
-	c.Flags().DurationVar(&inboxOlder, "inbox-older-than", inbox.DefaultRetention, "retention for inbox rows (at least 10m)")
+	c.Flags().DurationVar(&older, "older-than", 7*24*time.Hour, fmt.Sprintf("retention for sent events (at least %s)", redrive.MinSentRetention))
+	c.Flags().DurationVar(&inboxOlder, "inbox-older-than", inbox.DefaultRetention, fmt.Sprintf("retention for inbox rows (at least %s: longer than the DLQs keep a message)", redrive.MinInboxRetention))
 	c.Flags().BoolVar(&dry, "dry-run", false, "count what would be deleted")
 	return c
 }

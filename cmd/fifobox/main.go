@@ -112,6 +112,11 @@ Against AWS, --via-lambda FUNCTION runs the same command in the redrive Lambda.`
 // run executes a command locally or through the redrive Lambda.
 func (a *app) run(ctx context.Context, cmd redrive.Command) (redrive.Result, error) {
 	cmd.Actor = a.actor
+	// The same guards the function applies, checked before anything is
+	// sent or connected to.
+	if err := cmd.Validate(); err != nil {
+		return redrive.Result{}, err
+	}
 	if a.viaLambda != "" {
 		return a.invoke(ctx, cmd)
 	}

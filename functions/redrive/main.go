@@ -32,7 +32,7 @@ func main() {
 		log.Error("redrive init failed", "error", err.Error())
 		os.Exit(1)
 	}
-	lambda.Start(h.Handle)
+	lambda.Start(h) // Handler.Invoke: an empty payload runs the default operation
 }
 
 func setup(ctx context.Context, log *slog.Logger) (*handler.Handler, error) {

@@ -128,13 +128,12 @@ ORDER BY id LIMIT $2`, cmd.AggregateType, limit)
 const pruneMargin = 5 * time.Second
 
 func (s *Service) prune(ctx context.Context, cmd Command) (Result, error) {
-	older, err := retention("older_than", cmd.OlderThan, defaultPruneAge, 0)
+	// Validate checked both against their minimums before anything runs.
+	older, err := retention("older_than", cmd.OlderThan, defaultPruneAge, MinSentRetention)
 	if err != nil {
 		return Result{}, err
 	}
-	// The inbox keeps rows past the SNS/SQS dedup window at the very least
-	// (inbox.Prune refuses less): checked before anything is deleted.
-	inboxOlder, err := retention("inbox_older_than", cmd.InboxOlderThan, inbox.DefaultRetention, inbox.MinRetention)
+	inboxOlder, err := retention("inbox_older_than", cmd.InboxOlderThan, inbox.DefaultRetention, MinInboxRetention)
 	if err != nil {
 		return Result{}, err
 	}
@@ -183,7 +182,7 @@ func retention(field, v string, def, least time.Duration) (time.Duration, error)
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil || d < least {
-		return 0, fmt.Errorf("%s %q: want a duration of at least %s, such as %s", field, v, least, def)
+		return 0, fmt.Errorf("%s %q: want a Go duration of at least %s, such as %s", field, v, least, def)
 	}
 	return d, nil
 }

@@ -33,6 +33,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/topology"
 )
 
@@ -73,7 +74,9 @@ func CheckOperation(op string) error {
 type Command struct {
 	// Operation is one of migrate, status, dead-list, requeue-dead, replay, dlq-redrive, prune.
 	Operation string `json:"operation,omitempty"`
-	// Actor says who asked (the CLI sends user@host); recorded in the audit.
+	// Actor says who asked (the CLI sends user@host); recorded in the
+	// audit. Nothing verifies it: the redrive Lambda records a payload's
+	// actor as ClaimedActorPrefix + actor, beside its own request id.
 	Actor string `json:"actor,omitempty"`
 	// RequestID correlates the audit row with the Lambda request (set by the Lambda).
 	RequestID string `json:"request_id,omitempty"`
@@ -209,19 +212,60 @@ func New(db *pgxpool.Pool, sqsAPI SQSAPI, cfg Config) (*Service, error) {
 	return &Service{db: db, sqs: sqsAPI, cfg: cfg, log: cfg.Logger}, nil
 }
 
+// Retention guards of prune. They hold for every caller: the daily
+// schedule, an invocation of the redrive function, the CLI.
+const (
+	// MinSentRetention is the shortest older_than prune accepts: sent
+	// events are what replay re-sends, and older_than 0 would delete every
+	// sent event at once.
+	MinSentRetention = 24 * time.Hour
+	// MinInboxRetention is the shortest inbox_older_than prune accepts:
+	// inbox.MinRetention, longer than any DLQ keeps a message.
+	MinInboxRetention = inbox.MinRetention
+)
+
+// ClaimedActorPrefix marks an audit actor that the caller stated and nothing
+// verified (the redrive Lambda cannot see who invoked it; CloudTrail's
+// Invoke event can, found by the request id recorded beside it).
+const ClaimedActorPrefix = "claimed:"
+
+// maxActorLen bounds the audit's actor.
+const maxActorLen = 256
+
+// Validate checks the fields every operation shares and prune's retentions
+// before anything runs, each error naming its JSON field. Execute calls it;
+// the CLI calls it before invoking the redrive Lambda.
+func (c Command) Validate() error {
+	if err := CheckOperation(c.Operation); err != nil {
+		return err
+	}
+	if c.Max < 0 {
+		return fmt.Errorf("max %d: must be positive", c.Max)
+	}
+	if len(c.Actor) > maxActorLen || strings.ContainsFunc(c.Actor, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+		return fmt.Errorf("actor: at most %d characters without control characters", maxActorLen)
+	}
+	if c.Operation == OpPrune {
+		if _, err := retention("older_than", c.OlderThan, defaultPruneAge, MinSentRetention); err != nil {
+			return err
+		}
+		if _, err := retention("inbox_older_than", c.InboxOlderThan, inbox.DefaultRetention, MinInboxRetention); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Execute validates and runs one command.
 func (s *Service) Execute(ctx context.Context, cmd Command) (Result, error) {
+	if err := cmd.Validate(); err != nil {
+		return Result{}, err
+	}
 	if cmd.Actor == "" {
 		cmd.Actor = "unknown"
 	}
 	if cmd.Max == 0 {
 		cmd.Max = defaultMax
-	}
-	if cmd.Max < 0 {
-		return Result{}, errors.New("max must be positive")
-	}
-	if err := CheckOperation(cmd.Operation); err != nil {
-		return Result{}, err
 	}
 	var (
 		res Result

@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/fifobox/fifobox/pkg/envelope"
 )
@@ -63,6 +64,11 @@ func (c Consumer) OrderName() string {
 	}
 	return "strict"
 }
+
+// DLQRetention is how long every DLQ keeps a message: 14 days, the SQS
+// maximum (time to investigate). Inbox rows must outlast it
+// (inbox.MinRetention), or a redriven message could be applied twice.
+const DLQRetention = 14 * 24 * time.Hour
 
 // QueueName is the consumer's SQS FIFO queue name.
 func (c Consumer) QueueName() string { return c.Name + ".fifo" }

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sns"
@@ -93,7 +94,7 @@ func provisionConsumer(ctx context.Context, snsc SNSAPI, sqsc SQSAPI, topicARN s
 	}
 	dlqURL, dlqARN, err := createQueue(ctx, sqsc, opt.Prefix+c.DLQName(), map[string]string{
 		"FifoQueue":              "true",
-		"MessageRetentionPeriod": "1209600", // 14 days, the maximum: time to investigate
+		"MessageRetentionPeriod": strconv.Itoa(int(topology.DLQRetention / time.Second)),
 	})
 	if err != nil {
 		return Queue{}, err
