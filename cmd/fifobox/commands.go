@@ -121,23 +121,36 @@ func (a *app) deadCmd() *cobra.Command {
 }
 
 func (a *app) redriveCmd() *cobra.Command {
-	var consumer string
+	var consumer, from string
 	var dry bool
 	var max int
 	c := &cobra.Command{
 		Use:   "redrive",
-		Short: "Move a consumer's DLQ messages back to its queue, keeping message groups and their order",
+		Short: "Move a consumer's DLQ (or subscription DLQ) messages back to its queue, keeping message groups and their order",
+		Long: `redrive moves the messages of a consumer's DLQ back to its queue, each message group in
+order. A consumer in strict order (the default) applies a held aggregate's events as they
+come back, the dead one first, and then releases the aggregate. Messages dead-lettered
+again while the redrive runs stay for the next one.
+
+--from subscription-dlq moves what SNS could not deliver to the consumer's queue (a
+disabled KMS key, a changed queue policy): those events never reached the consumer, so
+later events of their aggregates may have been applied before them.`,
 		Example: `  fifobox redrive --consumer shipping --dry-run
-  fifobox redrive --consumer shipping --max 100`,
+  fifobox redrive --consumer shipping --max 100
+  fifobox redrive --consumer shipping --from subscription-dlq`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if consumer == "" {
 				return fmt.Errorf("--consumer is required")
 			}
-			return a.do(cmd.Context(), redrive.Command{Operation: redrive.OpDLQRedrive, Consumer: consumer, DryRun: dry, Max: max})
+			if from != redrive.SourceDLQ && from != redrive.SourceSubscriptionDLQ {
+				return fmt.Errorf("--from %q: want %s or %s", from, redrive.SourceDLQ, redrive.SourceSubscriptionDLQ)
+			}
+			return a.do(cmd.Context(), redrive.Command{Operation: redrive.OpDLQRedrive, Consumer: consumer, Source: from, DryRun: dry, Max: max})
 		},
 	}
 	c.Flags().StringVar(&consumer, "consumer", "", "consumer whose DLQ to redrive (required)")
+	c.Flags().StringVar(&from, "from", redrive.SourceDLQ, "dlq (the consumer queue's DLQ) or subscription-dlq (what SNS could not deliver)")
 	c.Flags().BoolVar(&dry, "dry-run", false, "report the DLQ depth, move nothing")
 	c.Flags().IntVar(&max, "max", 0, "move at most this many messages (default 100000)")
 	return c
@@ -290,13 +303,14 @@ func printStatus(a *app, s *redrive.Status) {
 	}
 	fmt.Fprintln(a.out, "\nqueues")
 	w = tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "  CONSUMER\tVISIBLE\tIN FLIGHT\tDLQ\tDLQ IN FLIGHT\t")
+	fmt.Fprintln(w, "  CONSUMER\tVISIBLE\tIN FLIGHT\tDLQ\tDLQ IN FLIGHT\tSUB DLQ\tHELD GROUPS\tHELD MSGS\t")
 	for _, q := range s.Queues {
 		if q.Error != "" {
-			fmt.Fprintf(w, "  %s\t-\t-\t-\t-\t%s\n", q.Consumer, oneLine(q.Error, 60))
+			fmt.Fprintf(w, "  %s\t-\t-\t-\t-\t-\t-\t-\t%s\n", q.Consumer, oneLine(q.Error, 60))
 			continue
 		}
-		fmt.Fprintf(w, "  %s\t%d\t%d\t%d\t%d\t\n", q.Consumer, q.Visible, q.InFlight, q.DLQ, q.DLQInFlight)
+		fmt.Fprintf(w, "  %s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", q.Consumer, q.Visible, q.InFlight, q.DLQ, q.DLQInFlight,
+			q.SubscriptionDLQ, q.HeldGroups, q.HeldMessages)
 	}
 	_ = w.Flush()
 }

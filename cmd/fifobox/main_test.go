@@ -103,6 +103,7 @@ func TestFlagValidation(t *testing.T) {
 		want string
 	}{
 		{[]string{"redrive"}, "--consumer is required"},
+		{[]string{"redrive", "--consumer", "audit", "--from", "elsewhere"}, "--from"},
 		{[]string{"replay", "--aggregate-type", "order"}, "--consumer is required"},
 		{[]string{"replay", "--consumer", "audit", "--since", "yesterday"}, "--since"},
 		{[]string{"dead", "requeue", "--until", "soon"}, "--until"},

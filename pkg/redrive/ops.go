@@ -4,12 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/sqs"
-	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
@@ -32,7 +28,13 @@ type QueueDepth struct {
 	InFlight    int64  `json:"in_flight"`
 	DLQ         int64  `json:"dlq"`
 	DLQInFlight int64  `json:"dlq_in_flight"`
-	Error       string `json:"error,omitempty"`
+	// SubscriptionDLQ counts messages SNS could not deliver (when its URL is known).
+	SubscriptionDLQ int64 `json:"subscription_dlq,omitempty"`
+	// HeldGroups and HeldMessages count the consumer's groups held in
+	// strict order and the messages listed behind their dead ones.
+	HeldGroups   int64  `json:"held_groups"`
+	HeldMessages int64  `json:"held_messages"`
+	Error        string `json:"error,omitempty"`
 }
 
 // DeadItem is one dead outbox event (no payload).
@@ -78,17 +80,7 @@ func (s *Service) status(ctx context.Context, cmd Command) (Result, error) {
 
 func (s *Service) depth(ctx context.Context, name string, q QueueURLs) QueueDepth {
 	d := QueueDepth{Consumer: name}
-	get := func(url string) (int64, int64, error) {
-		out, err := s.sqs.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: aws.String(url),
-			AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameApproximateNumberOfMessages,
-				sqstypes.QueueAttributeNameApproximateNumberOfMessagesNotVisible}})
-		if err != nil {
-			return 0, 0, err
-		}
-		v, _ := strconv.ParseInt(out.Attributes[string(sqstypes.QueueAttributeNameApproximateNumberOfMessages)], 10, 64)
-		nv, _ := strconv.ParseInt(out.Attributes[string(sqstypes.QueueAttributeNameApproximateNumberOfMessagesNotVisible)], 10, 64)
-		return v, nv, nil
-	}
+	get := func(url string) (int64, int64, error) { return s.queueDepth(ctx, url) }
 	var err error
 	if d.Visible, d.InFlight, err = get(q.QueueURL); err != nil {
 		d.Error = "queue: " + err.Error()
@@ -96,6 +88,16 @@ func (s *Service) depth(ctx context.Context, name string, q QueueURLs) QueueDept
 	}
 	if d.DLQ, d.DLQInFlight, err = get(q.DLQURL); err != nil {
 		d.Error = "dlq: " + err.Error()
+		return d
+	}
+	if q.SubscriptionDLQURL != "" {
+		if d.SubscriptionDLQ, _, err = get(q.SubscriptionDLQURL); err != nil {
+			d.Error = "subscription dlq: " + err.Error()
+			return d
+		}
+	}
+	if err := s.db.QueryRow(ctx, `SELECT count(DISTINCT group_id), count(*) FROM inbox_held WHERE consumer = $1`, name).Scan(&d.HeldGroups, &d.HeldMessages); err != nil {
+		d.Error = "held groups: " + err.Error()
 	}
 	return d
 }

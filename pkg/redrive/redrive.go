@@ -9,9 +9,12 @@
 //     in sequence order), after deleting that consumer's inbox entries for
 //     exactly those events in the transaction that writes the audit row, so
 //     only that consumer re-applies them (to rebuild a read model).
-//   - dlq-redrive: messages move from a consumer's DLQ back to its queue by
-//     receive-and-resend (works on AWS, LocalStack and emulators without
-//     StartMessageMoveTask), keeping MessageGroupId and order within a group.
+//   - dlq-redrive: messages move from a consumer's DLQ (or its SNS
+//     subscription's DLQ) back to its queue by receive-and-resend (works on
+//     AWS, LocalStack and emulators without StartMessageMoveTask), keeping
+//     MessageGroupId and order within a group. A consumer in strict order
+//     applies a held group's messages as they come back in order and then
+//     releases the group (pkg/inbox).
 //   - migrate, prune, and the read-only status and dead-list.
 //
 // Every action that changes something writes a redrive_audit row (who, what,
@@ -92,6 +95,10 @@ type Command struct {
 	Until         *time.Time `json:"until,omitempty"`
 	// Consumer is the target consumer (replay, dlq-redrive; optional for status).
 	Consumer string `json:"consumer,omitempty"`
+	// Source is where dlq-redrive takes messages from: "dlq" (default), the
+	// consumer queue's DLQ, or "subscription-dlq", the DLQ of the
+	// consumer's SNS subscription (messages SNS could not deliver).
+	Source string `json:"source,omitempty"`
 	// Max bounds how many events or messages the operation may touch:
 	// dlq-redrive moves at most Max; requeue-dead and replay refuse a
 	// selection larger than Max. Default 100,000.
@@ -123,17 +130,28 @@ type Result struct {
 	Dead   []DeadItem `json:"dead,omitempty"`
 }
 
-// QueueURLs locates one consumer's queue and DLQ.
+// QueueURLs locates one consumer's queue and DLQs.
 type QueueURLs struct {
 	QueueURL string `json:"queue_url"`
 	DLQURL   string `json:"dlq_url"`
+	// SubscriptionDLQURL is the DLQ of the consumer's SNS subscription
+	// (topology.Consumer.SubscriptionDLQName); optional, needed by
+	// dlq-redrive with source subscription-dlq.
+	SubscriptionDLQURL string `json:"subscription_dlq_url,omitempty"`
 }
+
+// dlq-redrive sources.
+const (
+	SourceDLQ             = "dlq"
+	SourceSubscriptionDLQ = "subscription-dlq"
+)
 
 // Queues maps consumer name to its queues.
 type Queues map[string]QueueURLs
 
 // QueuesFromEnv parses FIFOBOX_QUEUES, a JSON object consumer name ->
-// {"queue_url", "dlq_url"}. Unset means no queues (database-only operations).
+// {"queue_url", "dlq_url", "subscription_dlq_url" (optional)}. Unset means
+// no queues (database-only operations).
 func QueuesFromEnv() (Queues, error) {
 	return ParseQueues(os.Getenv("FIFOBOX_QUEUES"))
 }
@@ -241,6 +259,9 @@ func (c Command) Validate() error {
 	}
 	if c.Max < 0 {
 		return fmt.Errorf("max %d: must be positive", c.Max)
+	}
+	if c.Source != "" && c.Source != SourceDLQ && c.Source != SourceSubscriptionDLQ {
+		return fmt.Errorf("source %q: want %s or %s", c.Source, SourceDLQ, SourceSubscriptionDLQ)
 	}
 	if len(c.Actor) > maxActorLen || strings.ContainsFunc(c.Actor, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
 		return fmt.Errorf("actor: at most %d characters without control characters", maxActorLen)
