@@ -156,6 +156,36 @@ later events of their aggregates may have been applied before them.`,
 	return c
 }
 
+func (a *app) releaseHoldsCmd() *cobra.Command {
+	var consumer string
+	var groups []string
+	var dry bool
+	var max int
+	c := &cobra.Command{
+		Use:   "release-holds",
+		Short: "End a strict-order consumer's holds whose dead-lettered messages are gone (purged or expired)",
+		Long: `A consumer in strict order holds an aggregate once it dead-letters one of its events:
+later events go to the DLQ behind it until redrive brings them back in order. If the
+dead-lettered messages are gone (purged, expired after the DLQ's 14 days), the hold would
+never end: release-holds ends it, so the aggregate's next events are applied as they come.
+Redrive first if the messages are still in the DLQ (fifobox status shows both counts).`,
+		Example: `  fifobox release-holds --consumer shipping --dry-run
+  fifobox release-holds --consumer shipping --group order-42`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if consumer == "" {
+				return fmt.Errorf("--consumer is required")
+			}
+			return a.do(cmd.Context(), redrive.Command{Operation: redrive.OpReleaseHolds, Consumer: consumer, Groups: groups, DryRun: dry, Max: max})
+		},
+	}
+	c.Flags().StringVar(&consumer, "consumer", "", "the consumer whose holds to release (required)")
+	c.Flags().StringSliceVar(&groups, "group", nil, "only this message group / aggregate id (repeatable; default: every held group)")
+	c.Flags().BoolVar(&dry, "dry-run", false, "count what would be released, change nothing")
+	c.Flags().IntVar(&max, "max", 0, "refuse a selection larger than this (default 100000)")
+	return c
+}
+
 func (a *app) replayCmd() *cobra.Command {
 	var sel selectionFlags
 	var consumer string

@@ -15,6 +15,10 @@
 //     MessageGroupId and order within a group. A consumer in strict order
 //     applies a held group's messages as they come back in order and then
 //     releases the group (pkg/inbox).
+//   - release-holds: ends a strict-order consumer's holds (table
+//     inbox_held) when the dead-lettered messages they wait for are gone
+//     (purged, expired after the DLQ's 14 days, deleted by hand); the
+//     group's next messages are then applied as they come.
 //   - migrate, prune, and the read-only status and dead-list.
 //
 // Every action that changes something writes a redrive_audit row (who, what,
@@ -49,6 +53,7 @@ const (
 	OpReplay        = "replay"
 	OpDLQRedrive    = "dlq-redrive"
 	OpPrune         = "prune"
+	OpReleaseHolds  = "release-holds"
 	defaultMax      = 100_000
 	sqsBatchSize    = 9 // SQS allows 10; some emulators reorder a 10-entry batch
 	defaultLimit    = 100
@@ -56,7 +61,7 @@ const (
 )
 
 // allOperations lists every operation, in the order the docs give them.
-var allOperations = []string{OpMigrate, OpStatus, OpDeadList, OpRequeueDead, OpReplay, OpDLQRedrive, OpPrune}
+var allOperations = []string{OpMigrate, OpStatus, OpDeadList, OpRequeueDead, OpReplay, OpDLQRedrive, OpReleaseHolds, OpPrune}
 
 var operations = strings.Join(allOperations, ", ")
 
@@ -75,7 +80,8 @@ func CheckOperation(op string) error {
 // Command is one operator request, the JSON the redrive Lambda is invoked
 // with and the CLI builds from its flags.
 type Command struct {
-	// Operation is one of migrate, status, dead-list, requeue-dead, replay, dlq-redrive, prune.
+	// Operation is one of migrate, status, dead-list, requeue-dead, replay,
+	// dlq-redrive, release-holds, prune.
 	Operation string `json:"operation,omitempty"`
 	// Actor says who asked (the CLI sends user@host); recorded in the
 	// audit. Nothing verifies it: the redrive Lambda records a payload's
@@ -95,6 +101,9 @@ type Command struct {
 	Until         *time.Time `json:"until,omitempty"`
 	// Consumer is the target consumer (replay, dlq-redrive; optional for status).
 	Consumer string `json:"consumer,omitempty"`
+	// Groups selects message groups (= aggregate ids) for release-holds;
+	// empty: every held group of the consumer.
+	Groups []string `json:"groups,omitempty"`
 	// Source is where dlq-redrive takes messages from: "dlq" (default), the
 	// consumer queue's DLQ, or "subscription-dlq", the DLQ of the
 	// consumer's SNS subscription (messages SNS could not deliver).
@@ -305,6 +314,8 @@ func (s *Service) Execute(ctx context.Context, cmd Command) (Result, error) {
 		res, err = s.replay(ctx, cmd)
 	case OpDLQRedrive:
 		res, err = s.dlqRedrive(ctx, cmd)
+	case OpReleaseHolds:
+		res, err = s.releaseHolds(ctx, cmd)
 	case OpPrune:
 		res, err = s.prune(ctx, cmd)
 	default: // listed in allOperations but not handled here
