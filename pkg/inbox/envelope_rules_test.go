@@ -36,7 +36,9 @@ func TestEnqueuedEnvelopesAreReadableByTheConsumer(t *testing.T) {
 			e.Payload = json.RawMessage(strings.Repeat("[", envelope.MaxPayloadDepth) + strings.Repeat("]", envelope.MaxPayloadDepth))
 		}),
 		edit(func(e *envelope.Envelope) { e.OccurredAt = time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.UTC) }),
-		edit(func(e *envelope.Envelope) { e.Payload = json.RawMessage(`{"html":"<a>&</a>","emoji":"\ud83d\ude00","max":1e308}`) }),
+		edit(func(e *envelope.Envelope) {
+			e.Payload = json.RawMessage(`{"html":"<a>&</a>","emoji":"\ud83d\ude00","max":1e308}`)
+		}),
 		edit(func(e *envelope.Envelope) { e.TenantID = "m\u00fcller-\u6771\u4eac" }),
 	}
 	refused := []struct {
