@@ -29,8 +29,9 @@ test-infra: ## CDK assertion + cdk-nag tests (infra/ module)
 bench: ## benchmarks: dispatcher vs raw SQL limit, publisher, consumer
 	./scripts/bench.sh
 
-fuzz: ## fuzz the envelope decoder for 60s
+fuzz: ## fuzz the envelope decoder and the validate-encode-decode round trip, 60s each
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 60s ./pkg/envelope
+	$(GO) test -run '^$$' -fuzz FuzzRoundTrip -fuzztime 60s ./pkg/envelope
 
 vet: ## go vet both modules
 	$(GO) vet ./...

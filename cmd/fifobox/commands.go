@@ -144,25 +144,68 @@ the cause was transient. Audited; --dry-run counts without changing anything.`,
 }
 
 func (a *app) redriveCmd() *cobra.Command {
-	var consumer string
+	var consumer, from string
 	var dry bool
 	var max int
 	c := &cobra.Command{
 		Use:   "redrive",
-		Short: "Move a consumer's DLQ messages back to its queue, keeping message groups and their order",
+		Short: "Move a consumer's DLQ (or subscription DLQ) messages back to its queue, keeping message groups and their order",
+		Long: `redrive moves the messages of a consumer's DLQ back to its queue, each message group in
+order. A consumer in strict order (the default) applies a held aggregate's events as they
+come back, the dead one first, and then releases the aggregate. Messages dead-lettered
+again while the redrive runs stay for the next one.
+
+--from subscription-dlq moves what SNS could not deliver to the consumer's queue (a
+disabled KMS key, a changed queue policy): those events never reached the consumer, so
+later events of their aggregates may have been applied before them.`,
 		Example: `  fifobox redrive --consumer shipping --dry-run
-  fifobox redrive --consumer shipping --max 100`,
+  fifobox redrive --consumer shipping --max 100
+  fifobox redrive --consumer shipping --from subscription-dlq`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if consumer == "" {
 				return fmt.Errorf("--consumer is required")
 			}
-			return a.do(cmd.Context(), redrive.Command{Operation: redrive.OpDLQRedrive, Consumer: consumer, DryRun: dry, Max: max})
+			if from != redrive.SourceDLQ && from != redrive.SourceSubscriptionDLQ {
+				return fmt.Errorf("--from %q: want %s or %s", from, redrive.SourceDLQ, redrive.SourceSubscriptionDLQ)
+			}
+			return a.do(cmd.Context(), redrive.Command{Operation: redrive.OpDLQRedrive, Consumer: consumer, Source: from, DryRun: dry, Max: max})
 		},
 	}
 	c.Flags().StringVar(&consumer, "consumer", "", "consumer whose DLQ to redrive (required)")
+	c.Flags().StringVar(&from, "from", redrive.SourceDLQ, "dlq (the consumer queue's DLQ) or subscription-dlq (what SNS could not deliver)")
 	c.Flags().BoolVar(&dry, "dry-run", false, "report the DLQ depth, move nothing")
 	c.Flags().IntVar(&max, "max", 0, "move at most this many messages (default 100000)")
+	return c
+}
+
+func (a *app) releaseHoldsCmd() *cobra.Command {
+	var consumer string
+	var groups []string
+	var dry bool
+	var max int
+	c := &cobra.Command{
+		Use:   "release-holds",
+		Short: "End a strict-order consumer's holds whose dead-lettered messages are gone (purged or expired)",
+		Long: `A consumer in strict order holds an aggregate once it dead-letters one of its events:
+later events go to the DLQ behind it until redrive brings them back in order. If the
+dead-lettered messages are gone (purged, expired after the DLQ's 14 days), the hold would
+never end: release-holds ends it, so the aggregate's next events are applied as they come.
+Redrive first if the messages are still in the DLQ (fifobox status shows both counts).`,
+		Example: `  fifobox release-holds --consumer shipping --dry-run
+  fifobox release-holds --consumer shipping --group order-42`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if consumer == "" {
+				return fmt.Errorf("--consumer is required")
+			}
+			return a.do(cmd.Context(), redrive.Command{Operation: redrive.OpReleaseHolds, Consumer: consumer, Groups: groups, DryRun: dry, Max: max})
+		},
+	}
+	c.Flags().StringVar(&consumer, "consumer", "", "the consumer whose holds to release (required)")
+	c.Flags().StringSliceVar(&groups, "group", nil, "only this message group / aggregate id (repeatable; default: every held group)")
+	c.Flags().BoolVar(&dry, "dry-run", false, "count what would be released, change nothing")
+	c.Flags().IntVar(&max, "max", 0, "refuse a selection larger than this (default 100000)")
 	return c
 }
 
@@ -215,8 +258,8 @@ before is recognised only while its inbox row exists.`,
 				InboxOlderThan: inboxOlder.String(), DryRun: dry})
 		},
 	}
-	c.Flags().DurationVar(&older, "older-than", 7*24*time.Hour, "retention for sent events")
-	c.Flags().DurationVar(&inboxOlder, "inbox-older-than", inbox.DefaultRetention, "retention for inbox rows (at least 10m)")
+	c.Flags().DurationVar(&older, "older-than", 7*24*time.Hour, fmt.Sprintf("retention for sent events (at least %s)", redrive.MinSentRetention))
+	c.Flags().DurationVar(&inboxOlder, "inbox-older-than", inbox.DefaultRetention, fmt.Sprintf("retention for inbox rows (at least %s: longer than the DLQs keep a message)", redrive.MinInboxRetention))
 	c.Flags().BoolVar(&dry, "dry-run", false, "count what would be deleted")
 	return c
 }
@@ -313,13 +356,14 @@ func printStatus(a *app, s *redrive.Status) {
 	}
 	fmt.Fprintln(a.out, "\nqueues")
 	w = tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "  CONSUMER\tVISIBLE\tIN FLIGHT\tDLQ\tDLQ IN FLIGHT\t")
+	fmt.Fprintln(w, "  CONSUMER\tVISIBLE\tIN FLIGHT\tDLQ\tDLQ IN FLIGHT\tSUB DLQ\tHELD GROUPS\tHELD MSGS\t")
 	for _, q := range s.Queues {
 		if q.Error != "" {
-			fmt.Fprintf(w, "  %s\t-\t-\t-\t-\t%s\n", q.Consumer, oneLine(q.Error, 60))
+			fmt.Fprintf(w, "  %s\t-\t-\t-\t-\t-\t-\t-\t%s\n", q.Consumer, oneLine(q.Error, 60))
 			continue
 		}
-		fmt.Fprintf(w, "  %s\t%d\t%d\t%d\t%d\t\n", q.Consumer, q.Visible, q.InFlight, q.DLQ, q.DLQInFlight)
+		fmt.Fprintf(w, "  %s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", q.Consumer, q.Visible, q.InFlight, q.DLQ, q.DLQInFlight,
+			q.SubscriptionDLQ, q.HeldGroups, q.HeldMessages)
 	}
 	_ = w.Flush()
 }

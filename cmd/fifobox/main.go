@@ -101,17 +101,22 @@ Against AWS, --via-lambda FUNCTION runs the same command in the redrive Lambda.`
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.databaseURL, "database-url", def, "PostgreSQL connection string (env FIFOBOX_DATABASE_URL)")
 	pf.StringVar(&a.viaLambda, "via-lambda", os.Getenv("FIFOBOX_REDRIVE_FUNCTION"), "run the command in this redrive Lambda function (name or ARN; env FIFOBOX_REDRIVE_FUNCTION)")
-	pf.StringVar(&a.queuesJSON, "queues", os.Getenv("FIFOBOX_QUEUES"), `consumer queues as JSON {"<consumer>":{"queue_url":"...","dlq_url":"..."}} (env FIFOBOX_QUEUES; default: look up the default topology's queue names)`)
+	pf.StringVar(&a.queuesJSON, "queues", os.Getenv("FIFOBOX_QUEUES"), `consumer queues as JSON {"<consumer>":{"queue_url":"...","dlq_url":"...","subscription_dlq_url":"..."}} (env FIFOBOX_QUEUES; default: look up the default topology's queue names)`)
 	pf.BoolVar(&a.jsonOut, "json", false, "print the result as JSON")
 	pf.StringVar(&a.actor, "actor", who+"@"+host, "who is asking, recorded in the audit trail")
 	pf.BoolVarP(&a.verbose, "verbose", "v", false, "log operation details to stderr")
-	root.AddCommand(a.migrateCmd(), a.statusCmd(), a.deadCmd(), a.redriveCmd(), a.replayCmd(), a.pruneCmd(), a.auditCmd())
+	root.AddCommand(a.migrateCmd(), a.statusCmd(), a.deadCmd(), a.redriveCmd(), a.releaseHoldsCmd(), a.replayCmd(), a.pruneCmd(), a.auditCmd())
 	return root
 }
 
 // run executes a command locally or through the redrive Lambda.
 func (a *app) run(ctx context.Context, cmd redrive.Command) (redrive.Result, error) {
 	cmd.Actor = a.actor
+	// The same guards the function applies, checked before anything is
+	// sent or connected to.
+	if err := cmd.Validate(); err != nil {
+		return redrive.Result{}, err
+	}
 	if a.viaLambda != "" {
 		return a.invoke(ctx, cmd)
 	}
@@ -198,7 +203,11 @@ func lookupQueues(ctx context.Context, c *sqs.Client, errOut io.Writer, warn boo
 		if err != nil {
 			continue
 		}
-		q[cons.Name] = redrive.QueueURLs{QueueURL: aws.ToString(u.QueueUrl), DLQURL: aws.ToString(d.QueueUrl)}
+		urls := redrive.QueueURLs{QueueURL: aws.ToString(u.QueueUrl), DLQURL: aws.ToString(d.QueueUrl)}
+		if s, err := c.GetQueueUrl(ctx, &sqs.GetQueueUrlInput{QueueName: aws.String(cons.SubscriptionDLQName())}); err == nil {
+			urls.SubscriptionDLQURL = aws.ToString(s.QueueUrl)
+		}
+		q[cons.Name] = urls
 	}
 	return q
 }

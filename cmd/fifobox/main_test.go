@@ -103,9 +103,13 @@ func TestFlagValidation(t *testing.T) {
 		want string
 	}{
 		{[]string{"redrive"}, "--consumer is required"},
+		{[]string{"redrive", "--consumer", "audit", "--from", "elsewhere"}, "--from"},
 		{[]string{"replay", "--aggregate-type", "order"}, "--consumer is required"},
 		{[]string{"replay", "--consumer", "audit", "--since", "yesterday"}, "--since"},
 		{[]string{"dead", "requeue", "--until", "soon"}, "--until"},
+		// Retention guards: checked before the function is invoked, and by it.
+		{[]string{"prune", "--older-than", "0s"}, "older_than"},
+		{[]string{"prune", "--inbox-older-than", "336h"}, "inbox_older_than"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

@@ -5,7 +5,10 @@
 // delivers it. The side effect is chosen by consumer name
 // (readmodel.ForConsumer): orders-projection keeps orders_read_model current.
 //
-// Environment: FIFOBOX_CONSUMER_NAME, FIFOBOX_DLQ_URL (required); database
+// Environment: FIFOBOX_CONSUMER_NAME, FIFOBOX_DLQ_URL (required);
+// FIFOBOX_CONSUMER_ORDER (strict, the default, or relaxed),
+// FIFOBOX_MAX_RECEIVE_COUNT (the queue's maxReceiveCount), FIFOBOX_DEADLINE_MARGIN
+// (default 3s), FIFOBOX_LOG_AGGREGATE_IDS (default false); database
 // as in pkg/db (FIFOBOX_DATABASE_URL, or FIFOBOX_DB_HOST/PORT/NAME/USER with
 // FIFOBOX_DB_IAM_AUTH=true); FIFOBOX_METRICS_NAMESPACE (default Fifobox).
 package main

@@ -1,12 +1,14 @@
 // Command redrive is the operations Lambda (provided.al2023, bootstrap). It
 // is invoked with a JSON redrive.Command, {"operation": "...", ...}:
 // migrate (the CDK deploy trigger), status, dead-list, requeue-dead, replay,
-// dlq-redrive, prune; `fifobox --via-lambda` sends the same JSON. Every change
-// is audited in redrive_audit and logged.
+// dlq-redrive, release-holds, prune; `fifobox --via-lambda` sends the same
+// JSON. Every change is audited in redrive_audit and logged; a payload's actor
+// is recorded as claimed ("claimed:<actor>") beside the Lambda request id.
 //
 // Environment: database as in pkg/db (FIFOBOX_DATABASE_URL, or
 // FIFOBOX_DB_HOST/PORT/NAME/USER + FIFOBOX_DB_IAM_AUTH=true); FIFOBOX_QUEUES =
-// {"<consumer>": {"queue_url": "...", "dlq_url": "..."}}; optional
+// {"<consumer>": {"queue_url": "...", "dlq_url": "...", "subscription_dlq_url":
+// "..." (optional)}}; optional
 // FIFOBOX_DEFAULT_OPERATION, used when the event names none (e.g. "migrate"
 // for a deploy trigger that cannot choose its payload), checked at init. The
 // handler lives in pkg/lambdafn/redrive.
@@ -32,7 +34,7 @@ func main() {
 		log.Error("redrive init failed", "error", err.Error())
 		os.Exit(1)
 	}
-	lambda.Start(h.Handle)
+	lambda.Start(h) // Handler.Invoke: an empty payload runs the default operation
 }
 
 func setup(ctx context.Context, log *slog.Logger) (*handler.Handler, error) {

@@ -171,11 +171,21 @@ func PoolConfig(c Config, creds aws.CredentialsProvider, mint TokenFunc) (*pgxpo
 		pc.MaxConns = 4
 	}
 	pc.MaxConnIdleTime = 5 * time.Minute
-	pc.ConnConfig.ConnectTimeout = 10 * time.Second
+	pc.ConnConfig.ConnectTimeout = ConnectTimeout
 	return pc, nil
 }
 
-// Open builds the pool and checks it can connect.
+// ConnectTimeout bounds one connection attempt (dial, TLS, authentication).
+const ConnectTimeout = 5 * time.Second
+
+// OpenTimeout bounds Open's first connection (all attempts together, e.g.
+// TLS then plaintext with sslmode=prefer). A Lambda's init has 10 s in all;
+// callers there pass a context with a shorter deadline (lambdafn.InitTimeout),
+// which wins.
+const OpenTimeout = 8 * time.Second
+
+// Open builds the pool and checks it can connect, within OpenTimeout or
+// ctx's deadline, whichever comes first.
 func Open(ctx context.Context, c Config, creds aws.CredentialsProvider) (*pgxpool.Pool, error) {
 	pc, err := PoolConfig(c, creds, nil)
 	if err != nil {
@@ -185,7 +195,7 @@ func Open(ctx context.Context, c Config, creds aws.CredentialsProvider) (*pgxpoo
 	if err != nil {
 		return nil, fmt.Errorf("open database pool: %w", err)
 	}
-	pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	pctx, cancel := context.WithTimeout(ctx, OpenTimeout)
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
 		pool.Close()

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"strings"
 	"time"
@@ -70,7 +71,8 @@ type Envelope struct {
 }
 
 // New returns an envelope with a fresh time-ordered id (UUIDv7), OccurredAt
-// set to now and schema version 1; payload is marshalled to JSON.
+// set to now and schema version 1; payload is marshalled to JSON and must
+// meet the payload rules (a nil payload marshals to null: use struct{}{}).
 func New(eventType, aggregateType, aggregateID string, payload any) (Envelope, error) {
 	id, err := uuid.NewV7()
 	if err != nil {
@@ -79,6 +81,9 @@ func New(eventType, aggregateType, aggregateID string, payload any) (Envelope, e
 	raw, err := json.Marshal(payload)
 	if err != nil {
 		return Envelope{}, &ValidationError{Field: "payload", Kind: ErrInvalid, Reason: err.Error()}
+	}
+	if err := checkPayload(raw); err != nil {
+		return Envelope{}, err // e.g. a nil payload, which is JSON null
 	}
 	return Envelope{
 		ID:            id.String(),
@@ -129,13 +134,13 @@ func (e Envelope) validateFields() error {
 	if _, err := uuid.Parse(e.ID); err != nil {
 		return invalid("id", "must be a UUID in canonical 8-4-4-4-12 form")
 	}
-	if err := checkName("type", e.Type, 256, true); err != nil {
+	if err := checkName("type", e.Type, MaxTypeLen, true); err != nil {
 		return err
 	}
-	if e.OccurredAt.IsZero() {
-		return missing("occurred_at")
+	if err := checkOccurredAt(e); err != nil {
+		return err
 	}
-	if err := checkName("aggregate_type", e.AggregateType, 128, true); err != nil {
+	if err := checkName("aggregate_type", e.AggregateType, MaxAggregateTypeLen, true); err != nil {
 		return err
 	}
 	if err := CheckGroupID("aggregate_id", e.AggregateID); err != nil {
@@ -144,7 +149,7 @@ func (e Envelope) validateFields() error {
 	if e.Sequence < 0 {
 		return invalid("sequence", "must not be negative")
 	}
-	if err := checkText("tenant_id", e.TenantID, 128); err != nil {
+	if err := checkText("tenant_id", e.TenantID, MaxTenantIDLen); err != nil {
 		return err
 	}
 	if e.CorrelationID != "" {
@@ -171,16 +176,10 @@ func (e Envelope) validateFields() error {
 			return invalid("tracestate", "must be a W3C tracestate")
 		}
 	}
-	if e.SchemaVersion < 1 {
-		return invalid("schema_version", "must be 1 or more")
+	if e.SchemaVersion < 1 || e.SchemaVersion > MaxSchemaVersion {
+		return invalid("schema_version", "must be 1 to %d", MaxSchemaVersion)
 	}
-	if len(bytes.TrimSpace(e.Payload)) == 0 {
-		return missing("payload")
-	}
-	if !json.Valid(e.Payload) {
-		return invalid("payload", "is not valid JSON")
-	}
-	return nil
+	return checkPayload(e.Payload)
 }
 
 // CheckGroupID validates a value that SNS FIFO uses as a MessageGroupId or
@@ -191,8 +190,8 @@ func CheckGroupID(field, v string) error {
 	if v == "" {
 		return missing(field)
 	}
-	if len(v) > 128 {
-		return invalid(field, "is %d characters, at most 128 allowed", len(v))
+	if len(v) > MaxGroupIDLen {
+		return invalid(field, "is %d characters, at most %d allowed", len(v), MaxGroupIDLen)
 	}
 	for i := 0; i < len(v); i++ {
 		if c := v[i]; c < '!' || c > '~' {
@@ -296,8 +295,11 @@ type wire struct {
 	Payload       json.RawMessage `json:"payload"`
 }
 
-// Encode returns the JSON message body. The payload is compacted; everything
-// else is written exactly, so Decode(Encode(e)) equals e for a compact payload.
+// Encode returns the JSON message body. The payload is compacted (its
+// insignificant whitespace removed, nothing else changed); everything else
+// is written exactly, without HTML escaping, so for an envelope Validate
+// accepts, Decode(Encode(e)) equals e with the payload compacted and
+// occurred_at in UTC.
 func (e Envelope) Encode() ([]byte, error) {
 	w := wire{
 		V: Version, ID: e.ID, Type: e.Type,
@@ -312,24 +314,32 @@ func (e Envelope) Encode() ([]byte, error) {
 	if len(w.Payload) == 0 {
 		w.Payload = json.RawMessage("null")
 	}
-	b, err := json.Marshal(w)
-	if err != nil {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(w); err != nil {
 		return nil, &ValidationError{Field: "payload", Kind: ErrInvalid, Reason: "is not valid JSON"}
 	}
-	return b, nil
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }
 
 // Decode parses and validates a message body written by Encode. Every failure
 // is a *ValidationError naming the field ("envelope" for the document as a whole).
-// Unknown fields are ignored so newer producers do not break older consumers.
+//
+// Decoding is strict, so every consumer reads a message the same way,
+// whatever its JSON library: the body must be valid UTF-8; member names
+// match exactly (a member such as "ID" that differs from a field name only
+// in case is an error naming that field, not a silent match); a member may
+// not appear twice; the payload meets the same rules as in Validate.
+// Unknown members are ignored, so newer producers do not break older
+// consumers.
 func Decode(body []byte) (Envelope, error) {
+	if !utf8.Valid(body) {
+		return Envelope{}, invalid("envelope", "is not valid UTF-8")
+	}
 	var w wire
-	if err := json.Unmarshal(body, &w); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) && te.Field != "" {
-			return Envelope{}, invalid(te.Field, "has JSON type %s, want %s", te.Value, te.Type)
-		}
-		return Envelope{}, invalid("envelope", "is not a JSON object")
+	if err := decodeWire(body, &w); err != nil {
+		return Envelope{}, err
 	}
 	if w.V != Version {
 		return Envelope{}, invalid("v", "envelope version %d is not supported (want %d)", w.V, Version)
@@ -340,9 +350,6 @@ func Decode(body []byte) (Envelope, error) {
 		TenantID: w.TenantID, CorrelationID: w.CorrelationID, CausationID: w.CausationID,
 		TraceParent: w.TraceParent, TraceState: w.TraceState,
 		SchemaVersion: w.SchemaVersion, Payload: w.Payload,
-	}
-	if bytes.Equal(e.Payload, []byte("null")) {
-		e.Payload = nil
 	}
 	if w.OccurredAt != "" {
 		t, err := time.Parse(time.RFC3339Nano, w.OccurredAt)
@@ -356,6 +363,71 @@ func Decode(body []byte) (Envelope, error) {
 		return Envelope{}, err
 	}
 	return e, nil
+}
+
+// decodeWire reads the envelope object member by member: exact names, no
+// duplicates, unknown members skipped.
+func decodeWire(body []byte, w *wire) error {
+	fields := map[string]any{
+		"v": &w.V, "id": &w.ID, "type": &w.Type, "occurred_at": &w.OccurredAt,
+		"aggregate_type": &w.AggregateType, "aggregate_id": &w.AggregateID, "sequence": &w.Sequence,
+		"tenant_id": &w.TenantID, "correlation_id": &w.CorrelationID, "causation_id": &w.CausationID,
+		"traceparent": &w.TraceParent, "tracestate": &w.TraceState,
+		"schema_version": &w.SchemaVersion, "payload": &w.Payload,
+	}
+	notObject := invalid("envelope", "is not a JSON object")
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return notObject
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return notObject
+		}
+		name, _ := tok.(string)
+		target, known := fields[name]
+		if !known {
+			for f := range fields {
+				if strings.EqualFold(f, name) {
+					return invalid(f, "member %q differs from the field name only in case", name)
+				}
+			}
+		}
+		if seen[name] {
+			field := name
+			if !known {
+				field = "envelope"
+			}
+			return invalid(field, "appears twice")
+		}
+		seen[name] = true
+		if !known {
+			var skip json.RawMessage
+			if err := dec.Decode(&skip); err != nil {
+				return notObject
+			}
+			continue
+		}
+		if err := dec.Decode(target); err != nil {
+			var te *json.UnmarshalTypeError
+			if errors.As(err, &te) {
+				return invalid(name, "has JSON type %s, want %s", te.Value, te.Type)
+			}
+			return notObject
+		}
+	}
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('}') {
+		return notObject
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return invalid("envelope", "has data after the JSON object")
+	}
+	if bytes.Equal(w.Payload, []byte("null")) {
+		w.Payload = nil // a JSON null payload is a missing one
+	}
+	return nil
 }
 
 var propagator = propagation.TraceContext{}

@@ -2,9 +2,14 @@ package inbox
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
@@ -31,7 +36,10 @@ const (
 	ClassTransient = "transient" // retried through the visibility timeout and maxReceiveCount
 	ClassPermanent = "permanent" // the side effect said no retry can help: DLQ at once
 	ClassInvalid   = "invalid"   // the message is not a valid envelope: DLQ at once
+	ClassExhausted = "exhausted" // failed on its last receive (maxReceiveCount): the handler dead-letters it with the reason
+	ClassHeld      = "held"      // strict order: an earlier message of its group is dead-lettered; DLQ behind it
 	ClassBlocked   = "blocked"   // not attempted: an earlier message of its group failed
+	ClassDeadline  = "deadline"  // not attempted: too close to the invocation's deadline
 )
 
 // DLQ message attribute names set when a message is dead-lettered directly.
@@ -42,13 +50,52 @@ const (
 	AttrSourceQueue = "fifobox_source_queue"
 )
 
+// Order says what a consumer does with an aggregate's later events while
+// an earlier one is dead-lettered.
+type Order int
+
+const (
+	// OrderStrict (the default) holds the group: once the consumer
+	// dead-letters a message, every later message of its group (= aggregate)
+	// goes to the DLQ behind it, and redrive brings them back in order. The
+	// consumer never applies N+1 before N.
+	OrderStrict Order = iota
+	// OrderRelaxed lets the group continue past a dead-lettered message:
+	// later events are applied at once and the dead one, when redriven,
+	// arrives after them. For side effects that do not depend on order.
+	OrderRelaxed
+)
+
+func (o Order) String() string {
+	if o == OrderRelaxed {
+		return "relaxed"
+	}
+	return "strict"
+}
+
+// ParseOrder parses "strict" or "relaxed" ("" is strict).
+func ParseOrder(s string) (Order, error) {
+	switch s {
+	case "", "strict":
+		return OrderStrict, nil
+	case "relaxed":
+		return OrderRelaxed, nil
+	}
+	return 0, fmt.Errorf("order %q: want strict or relaxed", s)
+}
+
+// DefaultDeadlineMargin is how long before the invocation's deadline the
+// handler stops starting records, by default.
+const DefaultDeadlineMargin = 3 * time.Second
+
 // BatchMetrics summarises one batch.
 type BatchMetrics struct {
 	Consumer   string
 	Records    int
 	Processed  int // side effect applied
 	Duplicates int // already applied before
-	// Failures by class (transient, permanent, invalid, blocked).
+	// Failures by class (transient, permanent, invalid, exhausted, held,
+	// blocked, deadline). Dead-lettered records count here too.
 	Failures map[string]int
 	// MaxLag is the largest now - occurred_at among decoded events.
 	MaxLag time.Duration
@@ -62,6 +109,25 @@ type HandlerConfig struct {
 	// messages. Required: without it such messages would be retried until
 	// maxReceiveCount moves them anyway.
 	DLQURL string
+	// Order: OrderStrict (default) or OrderRelaxed; see Order.
+	Order Order
+	// MaxReceiveCount is the queue's maxReceiveCount. A record failing on
+	// its last receive is dead-lettered by the handler (with the reason)
+	// instead of being moved by SQS, and in strict order its group is held
+	// before the attempt starts, so not even a crash can let the group's
+	// next event overtake it. 0: unknown (SQS moves such records, and a
+	// strict consumer cannot hold their groups).
+	MaxReceiveCount int
+	// DeadlineMargin: the handler starts no record once the context's
+	// deadline is this close, and reports those records as failed, so the
+	// records it finished are committed and acknowledged instead of the
+	// whole batch being lost to the timeout. Default DefaultDeadlineMargin.
+	// The first record of a batch is always attempted.
+	DeadlineMargin time.Duration
+	// LogAggregateIDs adds message group ids (= aggregate ids, which may
+	// carry personal data) to log lines (FIFOBOX_LOG_AGGREGATE_IDS). Off by
+	// default: log lines name message and event ids only.
+	LogAggregateIDs bool
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 	// OnBatch, if set, receives each batch's metrics.
@@ -90,6 +156,15 @@ func NewHandler(db DB, dlq DLQSender, apply Apply, cfg HandlerConfig) (*Handler,
 		return nil, errors.New("new inbox handler: Consumer is required")
 	case cfg.DLQURL == "":
 		return nil, errors.New("new inbox handler: DLQURL is required")
+	case cfg.Order != OrderStrict && cfg.Order != OrderRelaxed:
+		return nil, fmt.Errorf("new inbox handler: Order %d: want OrderStrict or OrderRelaxed", cfg.Order)
+	case cfg.MaxReceiveCount < 0:
+		return nil, errors.New("new inbox handler: MaxReceiveCount must not be negative")
+	case cfg.DeadlineMargin < 0:
+		return nil, errors.New("new inbox handler: DeadlineMargin must not be negative")
+	}
+	if cfg.DeadlineMargin == 0 {
+		cfg.DeadlineMargin = DefaultDeadlineMargin
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -97,22 +172,75 @@ func NewHandler(db DB, dlq DLQSender, apply Apply, cfg HandlerConfig) (*Handler,
 	return &Handler{db: db, dlq: dlq, apply: apply, cfg: cfg, log: cfg.Logger}, nil
 }
 
+// msg is one record of a batch, decoded.
+type msg struct {
+	events.SQSMessage
+	group  string
+	e      envelope.Envelope
+	badErr error  // why the body is not a valid envelope; nil if it is
+	key    string // event id, or sha256 of an invalid body
+}
+
+func decodeRecords(recs []events.SQSMessage) []msg {
+	out := make([]msg, len(recs))
+	for i, r := range recs {
+		m := msg{SQSMessage: r, group: r.Attributes["MessageGroupId"]}
+		m.e, m.badErr = envelope.Decode([]byte(r.Body))
+		if m.badErr == nil {
+			m.key = m.e.ID
+		} else {
+			sum := sha256.Sum256([]byte(r.Body))
+			m.key = "sha256:" + hex.EncodeToString(sum[:])
+		}
+		out[i] = m
+	}
+	return out
+}
+
+// lastReceive reports whether SQS will move r to the DLQ if this attempt fails.
+func (h *Handler) lastReceive(r msg) bool {
+	if h.cfg.MaxReceiveCount <= 0 {
+		return false
+	}
+	n, err := strconv.Atoi(r.Attributes["ApproximateReceiveCount"])
+	return err == nil && n >= h.cfg.MaxReceiveCount
+}
+
+// logAttrs are the attributes naming a record in log lines.
+func (h *Handler) logAttrs(r msg, more ...any) []any {
+	a := []any{"consumer", h.cfg.Consumer, "message_id", r.MessageId}
+	if r.badErr == nil {
+		a = append(a, "event_id", r.e.ID, "sequence", r.e.Sequence)
+	}
+	if h.cfg.LogAggregateIDs {
+		a = append(a, "group", r.group)
+	}
+	return append(a, more...)
+}
+
 // Handle processes a batch in order and reports partial failures the way
 // Lambda's SQS FIFO event source needs them: once a record fails, it and
 // every later record of the same message group are reported failed without
 // being run, so the group keeps its order; other groups continue. Permanent
-// and invalid records go to the DLQ at once (with the reason) and count as
-// done. A panic in the side effect fails that record instead of the batch.
-// The returned error is non-nil only if a record has no message id to report
-// (then Lambda retries the whole batch, which the inbox makes safe).
+// and invalid records, and records failing on their last receive, go to the
+// DLQ at once (with the reason) and count as done. A panic in the side
+// effect fails that record instead of the batch. The returned error is
+// non-nil only if a record has no message id to report (then Lambda retries
+// the whole batch, which the inbox makes safe).
+//
+// In strict order (the default) a dead-lettered record holds its group for
+// this consumer: the group's later records go to the DLQ behind it (class
+// held) until redrive brings them back and they are applied in order.
 //
 // The batch runs in one transaction, each record under its own savepoint:
 // the savepoint and the record's inbox claim go to PostgreSQL in one round
 // trip, and one COMMIT covers the batch, so a record costs two round trips
 // (claim, side effect) instead of four (begin, claim, side effect, commit).
-// A failed record rolls back to its savepoint only. If the COMMIT fails,
-// nothing of the batch was applied and every record it ran is reported
-// failed, to be delivered again.
+// A failed record rolls back to its own savepoint only, and a side effect
+// that leaves the transaction aborted fails its record. If the COMMIT fails,
+// nothing of the batch was applied or held and every record is reported
+// failed, to be delivered again. Near the deadline (DeadlineMargin) the
+// handler starts no more records and reports them failed.
 func (h *Handler) Handle(ctx context.Context, ev events.SQSEvent) (events.SQSEventResponse, error) {
 	m := BatchMetrics{Consumer: h.cfg.Consumer, Records: len(ev.Records), Failures: map[string]int{}}
 	var resp events.SQSEventResponse
@@ -121,24 +249,68 @@ func (h *Handler) Handle(ctx context.Context, ev events.SQSEvent) (events.SQSEve
 			return events.SQSEventResponse{}, errors.New("inbox: SQS record without a message id; failing the whole batch")
 		}
 	}
-	fail := func(r events.SQSMessage, class string) {
+	failed := map[string]bool{}
+	fail := func(r msg, class string) {
 		resp.BatchItemFailures = append(resp.BatchItemFailures, events.SQSBatchItemFailure{ItemIdentifier: r.MessageId})
+		failed[r.MessageId] = true
 		m.Failures[class]++
 	}
+	recs := decodeRecords(ev.Records)
+	var holds *holdSet
+	if h.cfg.Order == OrderStrict && len(recs) > 0 {
+		var err error
+		if holds, err = h.loadHolds(ctx, recs); err != nil {
+			h.log.Warn("inbox: reading held groups failed; the batch will be delivered again", "consumer", h.cfg.Consumer, "error", err.Error())
+			for _, r := range recs {
+				fail(r, ClassTransient)
+			}
+			h.finish(m)
+			return resp, nil
+		}
+	}
+	var stopAt time.Time
+	if dl, ok := ctx.Deadline(); ok {
+		stopAt = dl.Add(-h.cfg.DeadlineMargin)
+	}
 	failedGroups := map[string]bool{}
-	var applied []events.SQSMessage // run in the batch transaction, pending its commit
 	var b batchTx
 	defer b.rollback(ctx)
 	now := time.Now()
-	for _, r := range ev.Records {
-		group := r.Attributes["MessageGroupId"]
-		if failedGroups[group] {
+	for i, r := range recs {
+		if i > 0 && !stopAt.IsZero() && time.Now().After(stopAt) {
+			for _, rest := range recs[i:] {
+				fail(rest, ClassDeadline)
+			}
+			h.log.Warn("inbox: invocation deadline close; later records not started, reported failed", "consumer", h.cfg.Consumer,
+				"not_started", len(recs)-i, "margin", h.cfg.DeadlineMargin.String())
+			break
+		}
+		if failedGroups[r.group] {
 			fail(r, ClassBlocked)
 			continue
 		}
-		class, dup, err := h.record(ctx, &b, r, now, &m)
+		if r.badErr == nil {
+			if lag := now.Sub(r.e.OccurredAt); lag > m.MaxLag {
+				m.MaxLag = lag
+			}
+		}
+		if head, held := holds.blocked(r.group, r.key); held {
+			if err := h.hold(ctx, &b, r, head); err != nil {
+				failedGroups[r.group] = true
+				fail(r, ClassTransient)
+				h.log.Warn("inbox: holding record failed; will retry", h.logAttrs(r, "error", err.Error())...)
+				continue
+			}
+			holds.add(r.group, heldRow{key: r.key, eventID: r.e.ID, seq: r.e.Sequence, class: ClassHeld})
+			m.Failures[ClassHeld]++
+			continue
+		}
+		isHead := holds.isHead(r.group, r.key)
+		class, dup, err := h.record(ctx, &b, r, isHead)
 		if err == nil {
-			applied = append(applied, r)
+			if isHead {
+				holds.pop(r.group)
+			}
 			if dup {
 				m.Duplicates++
 			} else {
@@ -146,69 +318,79 @@ func (h *Handler) Handle(ctx context.Context, ev events.SQSEvent) (events.SQSEve
 			}
 			continue
 		}
-		if class == ClassPermanent || class == ClassInvalid {
-			if dlqErr := h.deadLetter(ctx, r, group, class, err); dlqErr == nil {
+		if class == ClassTransient && h.lastReceive(r) {
+			class = ClassExhausted
+		}
+		if class == ClassPermanent || class == ClassInvalid || class == ClassExhausted {
+			if dlqErr := h.deadLetter(ctx, &b, r, class, err, holds); dlqErr == nil {
 				m.Failures[class]++
 				continue
 			} else {
-				h.log.Error("inbox: dead-letter send failed; will retry", "consumer", h.cfg.Consumer, "message_id", r.MessageId, "error", dlqErr.Error())
+				h.log.Error("inbox: dead-letter failed; will retry", h.logAttrs(r, "error", dlqErr.Error())...)
 			}
 		}
-		failedGroups[group] = true
+		failedGroups[r.group] = true
 		fail(r, ClassTransient)
-		h.log.Warn("inbox: record failed", "consumer", h.cfg.Consumer, "message_id", r.MessageId, "group", group,
-			"class", class, "receive_count", r.Attributes["ApproximateReceiveCount"], "error", err.Error())
+		h.log.Warn("inbox: record failed", h.logAttrs(r, "class", class, "receive_count", r.Attributes["ApproximateReceiveCount"], "error", err.Error())...)
 	}
 	if err := b.commit(ctx); err != nil {
-		// Nothing of this batch was applied: every record it ran goes back.
+		// Nothing of this batch was applied or held: every record goes back.
 		h.log.Warn("inbox: batch commit failed; its records will be delivered again", "consumer", h.cfg.Consumer,
-			"records", len(applied), "error", err.Error())
+			"records", len(recs), "error", err.Error())
 		m.Processed, m.Duplicates = 0, 0
-		for _, r := range applied {
-			fail(r, ClassTransient)
+		for _, r := range recs {
+			if !failed[r.MessageId] {
+				fail(r, ClassTransient)
+			}
 		}
 	}
-	if h.cfg.OnBatch != nil {
-		h.cfg.OnBatch(m)
-	}
+	h.finish(m)
 	return resp, nil
 }
 
-// record decodes and applies one record inside the batch transaction; it
-// returns whether it was a duplicate, or the failure class and error.
-func (h *Handler) record(ctx context.Context, b *batchTx, r events.SQSMessage, now time.Time, m *BatchMetrics) (class string, dup bool, err error) {
-	e, err := envelope.Decode([]byte(r.Body))
-	if err != nil {
-		return ClassInvalid, false, err
+func (h *Handler) finish(m BatchMetrics) {
+	if h.cfg.OnBatch != nil {
+		h.cfg.OnBatch(m)
 	}
-	if lag := now.Sub(e.OccurredAt); lag > m.MaxLag {
-		m.MaxLag = lag
+}
+
+// record applies one valid record inside the batch transaction, under its
+// own savepoint; it returns whether it was a duplicate, or the failure class
+// and error. release deletes the record's inbox_held row with it (the record
+// is its held group's first).
+func (h *Handler) record(ctx context.Context, b *batchTx, r msg, release bool) (class string, dup bool, err error) {
+	if r.badErr != nil {
+		return ClassInvalid, false, r.badErr
 	}
-	if b.broken != nil {
-		return ClassTransient, false, fmt.Errorf("batch transaction unusable: %w", b.broken)
+	if err := b.begin(ctx, h.db); err != nil {
+		return ClassTransient, false, err
 	}
-	if b.tx == nil {
-		if b.tx, err = h.db.Begin(ctx); err != nil {
-			b.broken = err
-			return ClassTransient, false, fmt.Errorf("inbox begin: %w", err)
-		}
-	}
-	ctx = e.ContextWithTrace(ctx)
-	claimed, err := b.claim(ctx, h.cfg.Consumer, e)
+	ctx = r.e.ContextWithTrace(ctx)
+	claimed, err := b.claim(ctx, h.cfg.Consumer, r.e)
 	if err != nil {
 		return ClassTransient, false, err
 	}
-	if !claimed {
-		return "", true, nil // applied before: nothing to do
-	}
-	err = func() (err error) {
-		defer func() {
-			if p := recover(); p != nil {
-				err = fmt.Errorf("side effect panicked: %v", p)
-			}
+	if claimed {
+		err = func() (err error) {
+			defer func() {
+				if p := recover(); p != nil {
+					err = fmt.Errorf("side effect panicked: %v", p)
+				}
+			}()
+			return h.apply(ctx, b.tx, r.e)
 		}()
-		return h.apply(ctx, b.tx, e)
-	}()
+	}
+	if err == nil && b.aborted() {
+		// The side effect returned nil but an SQL error inside it was
+		// swallowed (or it ended the transaction): its writes did not
+		// happen. Fail the record, rolling back to its own savepoint only.
+		err = errors.New("side effect returned nil but left the transaction aborted (an SQL error was swallowed); the record will be retried")
+	}
+	if err == nil && release {
+		if _, err = b.tx.Exec(ctx, sqlReleaseHeld, h.cfg.Consumer, r.group, r.key); err != nil {
+			err = fmt.Errorf("release held record: %w", err)
+		}
+	}
 	if err != nil {
 		b.undo(ctx) // the claim rolls back with the side effect
 		if IsPermanent(err) {
@@ -216,42 +398,110 @@ func (h *Handler) record(ctx context.Context, b *batchTx, r events.SQSMessage, n
 		}
 		return ClassTransient, false, err
 	}
-	return "", false, nil
+	return "", !claimed, nil
 }
 
-// batchTx is a batch's transaction with one savepoint per record.
+// batchTx is a batch's transaction with one savepoint per record. Each
+// record's savepoint has its own name (fifobox_record_<n>), so rolling back
+// a record can never reach past it into the records applied before; the
+// previous record's savepoint is released in the same round trip that sets
+// the next one.
 type batchTx struct {
-	tx     pgx.Tx
-	broken error // set when the transaction can no longer be used
+	tx      pgx.Tx
+	n       int    // records started in this transaction
+	current string // the running record's savepoint
+	broken  error  // set when the transaction can no longer be used
 }
 
-// claim sets the record's savepoint and claims (consumer, event id) in one
-// round trip; false means the event was applied before.
-func (b *batchTx) claim(ctx context.Context, consumer string, e envelope.Envelope) (bool, error) {
+// begin starts the batch transaction on first use.
+func (b *batchTx) begin(ctx context.Context, db DB) error {
+	if b.broken != nil {
+		return fmt.Errorf("batch transaction unusable: %w", b.broken)
+	}
+	if b.tx != nil {
+		return nil
+	}
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		b.broken = err
+		return fmt.Errorf("inbox begin: %w", err)
+	}
+	b.tx = tx
+	return nil
+}
+
+// run sends stmts in one round trip, after a new savepoint for the next
+// record if newRecord (releasing the previous record's), and returns the
+// last statement's tag. On error it rolls back to the running record's
+// savepoint.
+func (b *batchTx) run(ctx context.Context, newRecord bool, stmts ...*pgx.QueuedQuery) (pgconn.CommandTag, error) {
 	batch := &pgx.Batch{}
-	batch.Queue(sqlSavepoint)
-	batch.Queue(sqlClaim, consumer, e.ID, e.AggregateType, e.AggregateID, e.Sequence)
+	if newRecord {
+		if b.current != "" {
+			batch.Queue("RELEASE SAVEPOINT " + b.current)
+		}
+		b.n++
+		b.current = "fifobox_record_" + strconv.Itoa(b.n)
+		batch.Queue("SAVEPOINT " + b.current)
+	}
+	for _, q := range stmts {
+		batch.Queue(q.SQL, q.Arguments...)
+	}
 	br := b.tx.SendBatch(ctx, batch)
-	_, err := br.Exec()
 	var tag pgconn.CommandTag
-	if err == nil {
+	var err error
+	for i := 0; i < batch.Len() && err == nil; i++ {
 		tag, err = br.Exec()
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
+		// If the savepoint was not set, undo finds no savepoint of this
+		// record and marks the transaction broken: it never rolls back
+		// into an earlier record.
 		b.undo(ctx)
+		return tag, err
+	}
+	return tag, nil
+}
+
+// exec runs one statement for the current record (see run).
+func (b *batchTx) exec(ctx context.Context, newRecord bool, sql string, args ...any) error {
+	_, err := b.run(ctx, newRecord, &pgx.QueuedQuery{SQL: sql, Arguments: args})
+	return err
+}
+
+// claim sets the record's savepoint and claims (consumer, event id) in one
+// round trip; false means the event was applied before.
+func (b *batchTx) claim(ctx context.Context, consumer string, e envelope.Envelope) (bool, error) {
+	tag, err := b.run(ctx, true, &pgx.QueuedQuery{SQL: sqlClaim, Arguments: []any{consumer, e.ID, e.AggregateType, e.AggregateID, e.Sequence}})
+	if err != nil {
 		return false, fmt.Errorf("inbox claim: %w", err)
 	}
 	return tag.RowsAffected() == 1, nil
 }
 
-// undo rolls back to the record's savepoint; if even that fails the batch
-// transaction is broken and later records fail without running.
+// aborted reports whether the last statement left the transaction failed
+// (a side effect swallowed an SQL error) or ended it (a side effect ran
+// COMMIT or ROLLBACK itself). PostgreSQL reports the state in every
+// ReadyForQuery message, so this costs no round trip.
+func (b *batchTx) aborted() bool {
+	return b.tx.Conn().PgConn().TxStatus() != 'T'
+}
+
+// undo rolls back to the running record's savepoint; if even that fails the
+// batch transaction is broken and later records fail without running.
 func (b *batchTx) undo(ctx context.Context) {
-	if _, err := b.tx.Exec(ctx, sqlRollbackToSavepoint); err != nil && b.broken == nil {
+	if b.current == "" {
+		b.broken = errors.New("no savepoint to roll back to")
+		return
+	}
+	if _, err := b.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+b.current); err != nil && b.broken == nil {
 		b.broken = err
+	}
+	if b.broken == nil && b.aborted() {
+		b.broken = errors.New("transaction still aborted after rolling back a record")
 	}
 }
 
@@ -273,16 +523,82 @@ func (b *batchTx) rollback(ctx context.Context) {
 	}
 }
 
-func (h *Handler) deadLetter(ctx context.Context, r events.SQSMessage, group, class string, cause error) error {
-	if group == "" {
-		group = "fifobox-invalid"
+// deadLetter sends r to the DLQ with the failure's class and reason. In
+// strict order it first lists r as its group's hold (or keeps it, if r is
+// the group's first row already), in the batch transaction under r's
+// savepoint, so the hold and the acknowledgement commit together.
+func (h *Handler) deadLetter(ctx context.Context, b *batchTx, r msg, class string, cause error, holds *holdSet) error {
+	if holds != nil {
+		if err := b.begin(ctx, h.db); err != nil {
+			return err
+		}
+		if err := b.exec(ctx, r.badErr != nil, sqlHold, h.cfg.Consumer, r.group, r.key, nullUUID(r), nullSeq(r), class); err != nil {
+			return fmt.Errorf("hold group: %w", err)
+		}
+		holds.add(r.group, heldRow{key: r.key, eventID: r.e.ID, seq: r.e.Sequence, class: class})
 	}
 	reason := cause.Error()
 	if len(reason) > 1000 {
 		reason = reason[:1000]
 	}
+	if err := h.send(ctx, r, class, reason); err != nil {
+		return err
+	}
+	h.log.Error("inbox: message sent to DLQ", h.logAttrs(r, "class", class, "reason", reason, "order", h.cfg.Order.String())...)
+	return nil
+}
+
+// hold lists r behind its group's first held row and sends it to the DLQ
+// with a reason naming the event it waits for.
+func (h *Handler) hold(ctx context.Context, b *batchTx, r msg, head heldRow) error {
+	if err := b.begin(ctx, h.db); err != nil {
+		return err
+	}
+	if err := b.exec(ctx, true, sqlHold, h.cfg.Consumer, r.group, r.key, nullUUID(r), nullSeq(r), ClassHeld); err != nil {
+		return fmt.Errorf("hold record: %w", err)
+	}
+	waits := "an invalid message (" + head.key + ")"
+	if head.eventID != "" {
+		waits = fmt.Sprintf("event %s (sequence %d)", head.eventID, head.seq)
+	}
+	reason := fmt.Sprintf("held: waits for %s, which this consumer dead-lettered (%s); redrive the DLQ to apply the group in order", waits, head.class)
+	if err := h.send(ctx, r, ClassHeld, reason); err != nil {
+		return err
+	}
+	h.log.Info("inbox: message held behind a dead-lettered one", h.logAttrs(r, "waits_for", waits)...)
+	return nil
+}
+
+// send puts r on the DLQ: same body and group, r's string attributes, and
+// the fifobox_* diagnostics. The deduplication id is r's message id, so a
+// record sent again (its batch failed to commit) is not duplicated.
+func (h *Handler) send(ctx context.Context, r msg, class, reason string) error {
+	group := r.group
+	if group == "" {
+		group = "fifobox-invalid"
+	}
 	str := func(s string) sqstypes.MessageAttributeValue {
 		return sqstypes.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(s)}
+	}
+	attrs := map[string]sqstypes.MessageAttributeValue{
+		AttrErrorClass:  str(class),
+		AttrErrorReason: str(reason),
+		AttrConsumer:    str(h.cfg.Consumer),
+		AttrSourceQueue: str(orDash(r.EventSourceARN)),
+	}
+	// Keep the published attributes (filters, trace context) within SQS's
+	// limit of 10 per message.
+	names := make([]string, 0, len(r.MessageAttributes))
+	for k := range r.MessageAttributes {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		v := r.MessageAttributes[k]
+		if len(attrs) == 10 || v.StringValue == nil || strings.HasPrefix(k, "fifobox_") {
+			continue
+		}
+		attrs[k] = sqstypes.MessageAttributeValue{DataType: aws.String(v.DataType), StringValue: v.StringValue}
 	}
 	body := r.Body
 	if body == "" {
@@ -293,16 +609,8 @@ func (h *Handler) deadLetter(ctx context.Context, r events.SQSMessage, group, cl
 		MessageBody:            aws.String(body),
 		MessageGroupId:         aws.String(group),
 		MessageDeduplicationId: aws.String(r.MessageId),
-		MessageAttributes: map[string]sqstypes.MessageAttributeValue{
-			AttrErrorClass:  str(class),
-			AttrErrorReason: str(reason),
-			AttrConsumer:    str(h.cfg.Consumer),
-			AttrSourceQueue: str(orDash(r.EventSourceARN)),
-		},
+		MessageAttributes:      attrs,
 	})
-	if err == nil {
-		h.log.Error("inbox: message sent to DLQ", "consumer", h.cfg.Consumer, "message_id", r.MessageId, "group", group, "class", class, "reason", reason)
-	}
 	return err
 }
 

@@ -16,6 +16,7 @@ import (
 type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
 // Outcome of Process.
@@ -44,10 +45,7 @@ type SideEffect func(ctx context.Context, tx pgx.Tx) error
 const (
 	sqlClaim = `INSERT INTO inbox (consumer, event_id, aggregate_type, aggregate_id, sequence)
 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (consumer, event_id) DO NOTHING`
-	// The handler's per-record savepoint within its batch transaction.
-	sqlSavepoint           = `SAVEPOINT fifobox_record`
-	sqlRollbackToSavepoint = `ROLLBACK TO SAVEPOINT fifobox_record`
-	sqlPrune               = `DELETE FROM inbox WHERE ctid IN (
+	sqlPrune = `DELETE FROM inbox WHERE ctid IN (
     SELECT ctid FROM inbox WHERE processed_at < $1 ORDER BY processed_at LIMIT $2)`
 )
 
@@ -84,12 +82,12 @@ func Process(ctx context.Context, db DB, consumer string, e envelope.Envelope, f
 }
 
 // Prune deletes inbox rows processed before olderThan ago, batch rows per
-// statement, and returns how many it deleted. Keep olderThan far beyond the
-// 5-minute dedup window (default 30 days): a pruned event delivered again
-// would be applied again.
+// statement, and returns how many it deleted. olderThan must be at least
+// MinRetention (default 30 days): a pruned event delivered again (a DLQ
+// redrive, a late duplicate) would be applied again.
 func Prune(ctx context.Context, db DB, olderThan time.Duration, batch int) (int64, error) {
 	if olderThan < MinRetention {
-		return 0, fmt.Errorf("inbox prune: olderThan %s is inside the dedup window; keep at least %s (default %s)", olderThan, MinRetention, DefaultRetention)
+		return 0, fmt.Errorf("inbox prune: olderThan %s: keep inbox rows longer than any DLQ keeps a message, at least %s (default %s)", olderThan, MinRetention, DefaultRetention)
 	}
 	if batch < 1 {
 		return 0, errors.New("inbox prune: batch must be at least 1")
@@ -116,9 +114,12 @@ func Prune(ctx context.Context, db DB, olderThan time.Duration, batch int) (int6
 // applied before is still recognised.
 const DefaultRetention = 30 * 24 * time.Hour
 
-// MinRetention is the shortest retention Prune accepts: twice the SNS/SQS
-// 5-minute deduplication window.
-const MinRetention = 10 * time.Minute
+// MinRetention is the shortest retention Prune accepts (and the redrive
+// function's prune, whoever invokes it): a day longer than the 14 days an
+// SQS DLQ keeps a message at most (topology.DLQRetention). A message
+// redriven from a DLQ is recognised as applied only while its inbox row
+// exists; with a shorter retention it could be applied twice.
+const MinRetention = 15 * 24 * time.Hour
 
 // PermanentError marks a side-effect failure that retrying cannot fix: the
 // handler sends the message to the DLQ at once instead of retrying.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -177,7 +178,7 @@ type rec struct {
 
 // Behaviour of a test apply: by aggregate id and sequence.
 func testApply(ctx context.Context, tx pgx.Tx, e envelope.Envelope) error {
-	switch fmt.Sprintf("%s/%d", e.AggregateID, e.Sequence) {
+	switch fmt.Sprintf("%s/%d", strings.TrimPrefix(e.AggregateID, "customer-4711-"), e.Sequence) {
 	case "A/2", "X/1":
 		return errors.New("database busy") // transient
 	case "P/1":
@@ -193,6 +194,7 @@ func TestHandlerPartialBatchFailures(t *testing.T) {
 	cases := []struct {
 		name       string
 		records    []rec
+		order      inbox.Order
 		dlqFails   bool
 		wantFailed []string
 		wantDLQ    []string // message ids dead-lettered
@@ -216,15 +218,29 @@ func TestHandlerPartialBatchFailures(t *testing.T) {
 			wantFailed: []string{"1", "2", "3"},
 		},
 		{
-			name:      "invalid envelope goes to the DLQ at once; its group continues",
+			name:      "relaxed: invalid envelope goes to the DLQ at once; its group continues",
 			records:   []rec{{id: "1", group: "I", body: `{"v":1,"id":"nope"}`}, {id: "2", group: "I", seq: 2}},
+			order:     inbox.OrderRelaxed,
 			wantDLQ:   []string{"1"},
 			wantApply: []string{"2"},
 		},
 		{
-			name:      "permanent error goes to the DLQ at once; its group continues",
+			name:      "relaxed: permanent error goes to the DLQ at once; its group continues",
 			records:   []rec{{id: "1", group: "P", seq: 1}, {id: "2", group: "P", seq: 2}},
+			order:     inbox.OrderRelaxed,
 			wantDLQ:   []string{"1"},
+			wantApply: []string{"2"},
+		},
+		{
+			name:      "strict: invalid envelope goes to the DLQ at once; its group is held behind it",
+			records:   []rec{{id: "1", group: "I", body: `{"v":1,"id":"nope"}`}, {id: "2", group: "I", seq: 2}, {id: "3", group: "J", seq: 1}},
+			wantDLQ:   []string{"1", "2"},
+			wantApply: []string{"3"},
+		},
+		{
+			name:      "strict: permanent error goes to the DLQ at once; its group is held behind it",
+			records:   []rec{{id: "1", group: "P", seq: 1}, {id: "2", group: "Q", seq: 1}, {id: "3", group: "P", seq: 2}, {id: "4", group: "P", seq: 3}},
+			wantDLQ:   []string{"1", "3", "4"},
 			wantApply: []string{"2"},
 		},
 		{
@@ -247,7 +263,8 @@ func TestHandlerPartialBatchFailures(t *testing.T) {
 			db := newDB(t)
 			dlq := &fakeDLQ{fail: tc.dlqFails}
 			var metrics inbox.BatchMetrics
-			h, err := inbox.NewHandler(db.Pool, dlq, testApply, inbox.HandlerConfig{Consumer: "c", DLQURL: "dlq-url", OnBatch: func(m inbox.BatchMetrics) { metrics = m }})
+			h, err := inbox.NewHandler(db.Pool, dlq, testApply, inbox.HandlerConfig{Consumer: "c", DLQURL: "dlq-url", Order: tc.order,
+				OnBatch: func(m inbox.BatchMetrics) { metrics = m }})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -379,5 +396,59 @@ func TestHandlerCommitFailureReportsTheBatch(t *testing.T) {
 		if c := countEffects(t, db, e.ID); c != 1 {
 			t.Fatalf("event %s applied %d times, want 1", e.ID, c)
 		}
+	}
+}
+
+// A side effect that swallows an SQL error returns nil but leaves the batch
+// transaction aborted. The handler must fail that record (and only roll back
+// to its own savepoint), never acknowledge it. Batch [a0:g0, a1:g1, b1:g2]
+// with a1 swallowing an error: a1 is reported failed and not applied; a0
+// and b1 are applied.
+func TestHandlerFailsARecordThatLeftTheTransactionAborted(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	ctx := context.Background()
+	a0, a1, b1 := ev("g0", 1), ev("g1", 1), ev("g2", 1)
+	apply := func(ctx context.Context, tx pgx.Tx, e envelope.Envelope) error {
+		if err := record(ctx, tx, e); err != nil {
+			return err
+		}
+		if e.ID == a1.ID {
+			_, _ = tx.Exec(ctx, `SELECT 1/0`) // error swallowed: the transaction is now aborted
+		}
+		return nil
+	}
+	h, err := inbox.NewHandler(db.Pool, &fakeDLQ{}, apply, inbox.HandlerConfig{Consumer: "c", DLQURL: "d"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var batch events.SQSEvent
+	for i, e := range []envelope.Envelope{a0, a1, b1} {
+		b, _ := e.Encode()
+		batch.Records = append(batch.Records, events.SQSMessage{MessageId: fmt.Sprint("m", i), Body: string(b),
+			Attributes: map[string]string{"MessageGroupId": e.AggregateID, "ApproximateReceiveCount": "1"}})
+	}
+	resp, err := h.Handle(ctx, batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var failed []string
+	for _, f := range resp.BatchItemFailures {
+		failed = append(failed, f.ItemIdentifier)
+	}
+	if fmt.Sprint(failed) != "[m1]" {
+		t.Errorf("failed %v, want [m1] (the record that left the transaction aborted)", failed)
+	}
+	for _, c := range []struct {
+		e    envelope.Envelope
+		want int
+	}{{a0, 1}, {a1, 0}, {b1, 1}} {
+		if n := countEffects(t, db, c.e.ID); n != c.want {
+			t.Errorf("event of %s applied %d times, want %d", c.e.AggregateID, n, c.want)
+		}
+	}
+	var claims int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE event_id = $1`, a1.ID).Scan(&claims); err != nil || claims != 0 {
+		t.Errorf("a1 has %d inbox claims (%v), want 0: it must be delivered again", claims, err)
 	}
 }

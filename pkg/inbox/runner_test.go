@@ -36,12 +36,12 @@ func oneConsumer(maxReceive int) topology.Topology {
 // consumerSetup gives a test its own schema, its own one-consumer topology
 // ("c", maxReceiveCount maxReceive, visibility timeout 6s) on the emulator,
 // and the inbox handler (testApply) for that consumer.
-func consumerSetup(t *testing.T, maxReceive int) (*pgtest.DB, *emulatortest.Env, provision.Queue, *inbox.Handler) {
+func consumerSetup(t *testing.T, maxReceive int, order inbox.Order) (*pgtest.DB, *emulatortest.Env, provision.Queue, *inbox.Handler) {
 	t.Helper()
 	db := newDB(t)
 	env := emulatortest.New(t, oneConsumer(maxReceive), 6)
 	q := env.Queues["c"]
-	h, err := inbox.NewHandler(db.Pool, env.SQS, testApply, inbox.HandlerConfig{Consumer: "c", DLQURL: q.DLQURL})
+	h, err := inbox.NewHandler(db.Pool, env.SQS, testApply, inbox.HandlerConfig{Consumer: "c", DLQURL: q.DLQURL, Order: order})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,10 +95,11 @@ func runUntil(t *testing.T, r *inbox.Runner, done func() bool, within time.Durat
 }
 
 // A poison message (always failing transiently) moves to the DLQ after
-// maxReceiveCount receives; then its group continues. Other groups are never held up.
+// maxReceiveCount receives; then, in relaxed order, its group continues.
+// Other groups are never held up.
 func TestPoisonMessageMovesToDLQAndGroupContinues(t *testing.T) {
 	t.Parallel()
-	db, env, q, h := consumerSetup(t, 3)
+	db, env, q, h := consumerSetup(t, 3, inbox.OrderRelaxed)
 	// X/1 always fails transiently (see testApply).
 	poison, x2, x3, y1, y2 := ev("X", 1), ev("X", 2), ev("X", 3), ev("Y", 1), ev("Y", 2)
 	publish(t, env, poison, y1)
@@ -130,10 +131,11 @@ func TestPoisonMessageMovesToDLQAndGroupContinues(t *testing.T) {
 	}
 }
 
-// An invalid envelope goes to the DLQ at once, with the reason.
+// An invalid envelope goes to the DLQ at once, with the reason (relaxed
+// order: the group continues past it).
 func TestInvalidEnvelopeToDLQAtOnce(t *testing.T) {
 	t.Parallel()
-	db, env, q, h := consumerSetup(t, 5)
+	db, env, q, h := consumerSetup(t, 5, inbox.OrderRelaxed)
 	good := ev("I", 2)
 	b, _ := good.Encode()
 	for i, body := range []string{`{"v":1,"id":"not-a-uuid"}`, string(b)} {
@@ -287,7 +289,7 @@ func TestEndToEndThroughConsumerWithDuplicates(t *testing.T) {
 // are applied and deleted, not failed and left in flight.
 func TestRunnerFinishesTheBatchInHandWhenStopped(t *testing.T) {
 	t.Parallel()
-	db, env, q, h := consumerSetup(t, 5)
+	db, env, q, h := consumerSetup(t, 5, inbox.OrderStrict)
 	e1, e2 := ev("S", 1), ev("S", 2)
 	publish(t, env, e1, e2)
 	ctx, stop := context.WithCancel(context.Background())

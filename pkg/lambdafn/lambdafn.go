@@ -6,6 +6,7 @@ import (
 	"context"
 	"log/slog"
 	"os"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -22,10 +23,17 @@ func Logger() *slog.Logger {
 	return log
 }
 
+// InitTimeout bounds Connect. Lambda allows a function's init 10 s in all
+// (then it restarts the init inside the first invocation's time); the rest
+// is left for the runtime and the handler's own setup.
+const InitTimeout = 7 * time.Second
+
 // Connect reads the database and AWS configuration from the environment
 // (pkg/db, pkg/awsclient) and opens the pool, minting IAM tokens from the
-// same credentials. Called once per cold start.
+// same credentials, within InitTimeout. Called once per cold start.
 func Connect(ctx context.Context) (*pgxpool.Pool, aws.Config, error) {
+	ctx, cancel := context.WithTimeout(ctx, InitTimeout)
+	defer cancel()
 	dbc, err := db.FromEnv()
 	if err != nil {
 		return nil, aws.Config{}, err

@@ -69,7 +69,9 @@ func Apply(ctx context.Context, tx pgx.Tx, e envelope.Envelope) error {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("apply %s to order %s: %w", e.Type, p.OrderID, err)
+		// Named by event id, never by order id: the error reaches logs and
+		// the DLQ's reason attribute, and order ids may carry personal data.
+		return fmt.Errorf("apply %s (event %s, sequence %d): %w", e.Type, e.ID, e.Sequence, err)
 	}
 	return nil
 }

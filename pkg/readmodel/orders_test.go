@@ -3,6 +3,7 @@ package readmodel_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -98,5 +99,23 @@ func TestApplyIgnoresOtherEventsAndRejectsBadPayloads(t *testing.T) {
 	var n int
 	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM orders_read_model`).Scan(&n); err != nil || n != 0 {
 		t.Errorf("read model rows %d (%v), want 0", n, err)
+	}
+}
+
+// The read model's errors reach logs and the DLQ's reason attribute: they
+// name the event, never the order id (aggregate ids may carry personal data).
+func TestApplyErrorsDoNotNameTheOrder(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	if _, err := db.Pool.Exec(context.Background(), `ALTER TABLE orders_read_model ADD CONSTRAINT no_euro CHECK (currency <> 'EUR')`); err != nil {
+		t.Fatal(err)
+	}
+	e := order(t, "customer-4711-order", "order.created", 1, readmodel.OrderEvent{OrderID: "customer-4711-order", Currency: "EUR"})
+	err := apply(t, db, e)
+	if err == nil {
+		t.Fatal("want the check violation")
+	}
+	if strings.Contains(err.Error(), "4711") || !strings.Contains(err.Error(), e.ID) {
+		t.Fatalf("error %q: want the event id and no order id", err)
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fifobox/fifobox/internal/emulatortest"
@@ -35,6 +37,7 @@ func newPipeline(t *testing.T) *pipeline {
 	t.Helper()
 	p := &pipeline{db: pgtest.New(t), poison: map[string]bool{}}
 	p.env = emulatortest.New(t, topology.Default(), 6)
+	deleteSubscriptionDLQs(t, p.env)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })
@@ -43,7 +46,7 @@ func newPipeline(t *testing.T) *pipeline {
 	}
 	queues := redrive.Queues{}
 	for name, q := range p.env.Queues {
-		queues[name] = redrive.QueueURLs{QueueURL: q.URL, DLQURL: q.DLQURL}
+		queues[name] = redrive.QueueURLs{QueueURL: q.URL, DLQURL: q.DLQURL, SubscriptionDLQURL: q.SubDLQURL}
 		name, q := name, q
 		apply := func(ctx context.Context, tx pgx.Tx, e envelope.Envelope) error {
 			p.mu.Lock()
@@ -55,7 +58,8 @@ func newPipeline(t *testing.T) *pipeline {
 			_, err := tx.Exec(ctx, `INSERT INTO applied (consumer, event_id, aggregate_id, seq) VALUES ($1, $2, $3, $4)`, name, e.ID, e.AggregateID, e.Sequence)
 			return err
 		}
-		h, err := inbox.NewHandler(p.db.Pool, p.env.SQS, apply, inbox.HandlerConfig{Consumer: name, DLQURL: q.DLQURL, Logger: quiet})
+		h, err := inbox.NewHandler(p.db.Pool, p.env.SQS, apply, inbox.HandlerConfig{Consumer: name, DLQURL: q.DLQURL, Logger: quiet,
+			MaxReceiveCount: q.Consumer.MaxReceiveCount})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -197,7 +201,10 @@ func TestReplayReachesOnlyTheChosenConsumer(t *testing.T) {
 	}
 }
 
-// Messages in a consumer's DLQ go back to its queue and are applied once.
+// Messages in a consumer's DLQ go back to its queue and are applied once,
+// in order: the audit consumer (strict order, the default) holds each
+// aggregate behind its rejected event, and redrive applies the aggregate's
+// events in sequence order and ends the hold.
 func TestDLQRedriveAppliesOnce(t *testing.T) {
 	p := newPipeline(t)
 	ctx := context.Background()
@@ -210,7 +217,9 @@ func TestDLQRedriveAppliesOnce(t *testing.T) {
 		evs = append(evs, e)
 	}
 	enqueue(t, p.db, evs...)
-	p.waitFor(t, map[string]int{"audit": 8, "orders-projection": 12}, time.Minute)
+	// Rejected: o-0/1, o-3/1, o-2/2, o-1/3. Held behind them: o-0/2, o-0/3,
+	// o-3/2, o-3/3, o-2/3. Applied: o-1/1, o-1/2, o-2/1.
+	p.waitFor(t, map[string]int{"audit": 3, "orders-projection": 12}, time.Minute)
 	var st redrive.Result
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -219,7 +228,7 @@ func TestDLQRedriveAppliesOnce(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(st.Status.Queues) == 1 && st.Status.Queues[0].DLQ == 4 {
+		if len(st.Status.Queues) == 1 && st.Status.Queues[0].DLQ == 9 && st.Status.Queues[0].HeldGroups == 4 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -227,8 +236,11 @@ func TestDLQRedriveAppliesOnce(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+	if n := p.count(t, "audit"); n != 3 {
+		t.Fatalf("audit applied %d events while its aggregates were held, want 3", n)
+	}
 	dry, err := p.svc.Execute(ctx, redrive.Command{Operation: redrive.OpDLQRedrive, Consumer: "audit", DryRun: true})
-	if err != nil || dry.Affected != 4 {
+	if err != nil || dry.Affected != 9 {
 		t.Fatalf("dry run %+v %v", dry, err)
 	}
 	p.mu.Lock()
@@ -238,10 +250,10 @@ func TestDLQRedriveAppliesOnce(t *testing.T) {
 	svcProgress, _ := redrive.New(p.db.Pool, p.env.SQS, redrive.Config{Queues: queuesOf(p), Logger: quiet,
 		Progress: func(op string, done, total int64) { progress = append(progress, done) }})
 	res, err := svcProgress.Execute(ctx, redrive.Command{Operation: redrive.OpDLQRedrive, Consumer: "audit", Actor: "test"})
-	if err != nil || res.Affected != 4 {
+	if err != nil || res.Affected != 9 {
 		t.Fatalf("redrive %+v %v", res, err)
 	}
-	if len(progress) == 0 || progress[len(progress)-1] != 4 {
+	if len(progress) == 0 || progress[len(progress)-1] != 9 {
 		t.Fatalf("progress %v", progress)
 	}
 	p.waitFor(t, map[string]int{"audit": 12}, time.Minute)
@@ -260,9 +272,14 @@ func TestDLQRedriveAppliesOnce(t *testing.T) {
 	if n := p.count(t, "orders-projection"); n != 12 {
 		t.Fatalf("orders-projection applied %d, want 12 (untouched)", n)
 	}
+	assertInOrder(t, p.db, "audit")
+	st, _ = p.svc.Execute(ctx, redrive.Command{Operation: redrive.OpStatus, Consumer: "audit"})
+	if q := st.Status.Queues[0]; q.HeldGroups != 0 || q.HeldMessages != 0 {
+		t.Fatalf("holds left after the redrive: %+v", q)
+	}
 	audit, _ := redrive.ListAudit(ctx, p.db.Pool, 5)
 	// Newest first: the second (empty) redrive, the redrive, the dry run.
-	if len(audit) != 3 || audit[1].Affected != 4 || audit[1].Status != "done" || !audit[2].DryRun || audit[2].Affected != 4 {
+	if len(audit) != 3 || audit[1].Affected != 9 || audit[1].Status != "done" || !audit[2].DryRun || audit[2].Affected != 9 {
 		t.Fatalf("audit %+v", audit)
 	}
 }
@@ -270,7 +287,40 @@ func TestDLQRedriveAppliesOnce(t *testing.T) {
 func queuesOf(p *pipeline) redrive.Queues {
 	q := redrive.Queues{}
 	for name, x := range p.env.Queues {
-		q[name] = redrive.QueueURLs{QueueURL: x.URL, DLQURL: x.DLQURL}
+		q[name] = redrive.QueueURLs{QueueURL: x.URL, DLQURL: x.DLQURL, SubscriptionDLQURL: x.SubDLQURL}
 	}
 	return q
+}
+
+// deleteSubscriptionDLQs removes the subscription DLQs a test provisioned
+// (emulatortest deletes the queues and consumer DLQs).
+func deleteSubscriptionDLQs(t *testing.T, env *emulatortest.Env) {
+	t.Cleanup(func() {
+		for _, q := range env.Queues {
+			_, _ = env.SQS.DeleteQueue(context.Background(), &sqs.DeleteQueueInput{QueueUrl: aws.String(q.SubDLQURL)})
+		}
+	})
+}
+
+// assertInOrder checks that the consumer applied every aggregate's events
+// once each, in sequence order.
+func assertInOrder(t *testing.T, db *pgtest.DB, consumer string) {
+	t.Helper()
+	rows, err := db.Pool.Query(context.Background(), `SELECT aggregate_id, seq FROM applied WHERE consumer = $1 ORDER BY n`, consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	last := map[string]int64{}
+	for rows.Next() {
+		var agg string
+		var seq int64
+		if err := rows.Scan(&agg, &seq); err != nil {
+			t.Fatal(err)
+		}
+		if seq != last[agg]+1 {
+			t.Fatalf("%s applied %s/%d after %s/%d", consumer, agg, seq, agg, last[agg])
+		}
+		last[agg] = seq
+	}
 }

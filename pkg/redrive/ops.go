@@ -4,13 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/sqs"
-	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
@@ -33,7 +28,13 @@ type QueueDepth struct {
 	InFlight    int64  `json:"in_flight"`
 	DLQ         int64  `json:"dlq"`
 	DLQInFlight int64  `json:"dlq_in_flight"`
-	Error       string `json:"error,omitempty"`
+	// SubscriptionDLQ counts messages SNS could not deliver (when its URL is known).
+	SubscriptionDLQ int64 `json:"subscription_dlq,omitempty"`
+	// HeldGroups and HeldMessages count the consumer's groups held in
+	// strict order and the messages listed behind their dead ones.
+	HeldGroups   int64  `json:"held_groups"`
+	HeldMessages int64  `json:"held_messages"`
+	Error        string `json:"error,omitempty"`
 }
 
 // DeadItem is one dead outbox event (no payload).
@@ -79,17 +80,7 @@ func (s *Service) status(ctx context.Context, cmd Command) (Result, error) {
 
 func (s *Service) depth(ctx context.Context, name string, q QueueURLs) QueueDepth {
 	d := QueueDepth{Consumer: name}
-	get := func(url string) (int64, int64, error) {
-		out, err := s.sqs.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: aws.String(url),
-			AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameApproximateNumberOfMessages,
-				sqstypes.QueueAttributeNameApproximateNumberOfMessagesNotVisible}})
-		if err != nil {
-			return 0, 0, err
-		}
-		v, _ := strconv.ParseInt(out.Attributes[string(sqstypes.QueueAttributeNameApproximateNumberOfMessages)], 10, 64)
-		nv, _ := strconv.ParseInt(out.Attributes[string(sqstypes.QueueAttributeNameApproximateNumberOfMessagesNotVisible)], 10, 64)
-		return v, nv, nil
-	}
+	get := func(url string) (int64, int64, error) { return s.queueDepth(ctx, url) }
 	var err error
 	if d.Visible, d.InFlight, err = get(q.QueueURL); err != nil {
 		d.Error = "queue: " + err.Error()
@@ -97,6 +88,16 @@ func (s *Service) depth(ctx context.Context, name string, q QueueURLs) QueueDept
 	}
 	if d.DLQ, d.DLQInFlight, err = get(q.DLQURL); err != nil {
 		d.Error = "dlq: " + err.Error()
+		return d
+	}
+	if q.SubscriptionDLQURL != "" {
+		if d.SubscriptionDLQ, _, err = get(q.SubscriptionDLQURL); err != nil {
+			d.Error = "subscription dlq: " + err.Error()
+			return d
+		}
+	}
+	if err := s.db.QueryRow(ctx, `SELECT count(DISTINCT group_id), count(*) FROM inbox_held WHERE consumer = $1`, name).Scan(&d.HeldGroups, &d.HeldMessages); err != nil {
+		d.Error = "held groups: " + err.Error()
 	}
 	return d
 }
@@ -129,13 +130,12 @@ ORDER BY id LIMIT $2`, cmd.AggregateType, limit)
 const pruneMargin = 5 * time.Second
 
 func (s *Service) prune(ctx context.Context, cmd Command) (Result, error) {
-	older, err := retention("older_than", cmd.OlderThan, defaultPruneAge, 0)
+	// Validate checked both against their minimums before anything runs.
+	older, err := retention("older_than", cmd.OlderThan, defaultPruneAge, MinSentRetention)
 	if err != nil {
 		return Result{}, err
 	}
-	// The inbox keeps rows past the SNS/SQS dedup window at the very least
-	// (inbox.Prune refuses less): checked before anything is deleted.
-	inboxOlder, err := retention("inbox_older_than", cmd.InboxOlderThan, inbox.DefaultRetention, inbox.MinRetention)
+	inboxOlder, err := retention("inbox_older_than", cmd.InboxOlderThan, inbox.DefaultRetention, MinInboxRetention)
 	if err != nil {
 		return Result{}, err
 	}
@@ -184,7 +184,7 @@ func retention(field, v string, def, least time.Duration) (time.Duration, error)
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil || d < least {
-		return 0, fmt.Errorf("%s %q: want a duration of at least %s, such as %s", field, v, least, def)
+		return 0, fmt.Errorf("%s %q: want a Go duration of at least %s, such as %s", field, v, least, def)
 	}
 	return d, nil
 }
@@ -226,15 +226,9 @@ func (s *Service) requeueDead(ctx context.Context, cmd Command) (Result, error) 
 	})
 }
 
-// discardDead gives up on dead events for good. Only explicit event ids: a
-// discarded event is never published, so it is chosen one by one.
+// discardDead gives up on dead events for good (Command.Validate requires
+// explicit event ids and a reason).
 func (s *Service) discardDead(ctx context.Context, cmd Command) (Result, error) {
-	if len(cmd.EventIDs) == 0 {
-		return Result{}, errors.New("discard-dead: event_ids is required (discarding is chosen event by event)")
-	}
-	if strings.TrimSpace(cmd.Reason) == "" {
-		return Result{}, errors.New("discard-dead: reason is required")
-	}
 	return s.changeDead(ctx, cmd, "discard", "discarded", func(tx pgx.Tx, sel outbox.DeadSelection) (int64, error) {
 		return outbox.DiscardDead(ctx, tx, sel, cmd.Reason)
 	})

@@ -53,9 +53,16 @@ func TestPruneOutboxAndInbox(t *testing.T) {
 	}{
 		{name: "defaults", wantAffected: 5, wantOutbox: 4, wantIn: 2, wantMessage: "deleted 3 sent events older than 168h0m0s and 2 inbox rows older than 720h0m0s"},
 		{name: "dry run", cmd: redrive.Command{DryRun: true}, wantAffected: 5, wantOutbox: 7, wantIn: 4, wantMessage: "would delete 3"},
-		{name: "shorter retentions", cmd: redrive.Command{OlderThan: "12h", InboxOlderThan: "12h"}, wantAffected: 7, wantOutbox: 3, wantIn: 1},
+		{name: "shortest retentions", cmd: redrive.Command{OlderThan: "25h", InboxOlderThan: "360h"}, wantAffected: 5, wantOutbox: 4, wantIn: 2},
 		{name: "bad outbox retention", cmd: redrive.Command{OlderThan: "a week"}, wantErr: "older_than", wantOutbox: 7, wantIn: 4},
+		// older_than 0 would delete every sent event at once.
+		{name: "outbox retention zero", cmd: redrive.Command{OlderThan: "0s"}, wantErr: "older_than", wantOutbox: 7, wantIn: 4},
+		{name: "outbox retention below a day", cmd: redrive.Command{OlderThan: "23h59m"}, wantErr: "older_than", wantOutbox: 7, wantIn: 4},
+		{name: "outbox retention zero, dry run", cmd: redrive.Command{OlderThan: "0s", DryRun: true}, wantErr: "older_than", wantOutbox: 7, wantIn: 4},
 		{name: "inbox retention inside the dedup window", cmd: redrive.Command{InboxOlderThan: "5m"}, wantErr: "inbox_older_than", wantOutbox: 7, wantIn: 4},
+		// A redriven message must still find its inbox row: the inbox
+		// outlasts the DLQs' 14 days, for an invoked command as for the schedule.
+		{name: "inbox retention within the DLQs' 14 days", cmd: redrive.Command{InboxOlderThan: "336h"}, wantErr: "inbox_older_than", wantOutbox: 7, wantIn: 4},
 		// Less time left than the margin: prune stops before its first batch
 		// and reports it, rather than failing.
 		{name: "out of time", deadline: 2 * time.Second, wantAffected: 0, wantOutbox: 7, wantIn: 4, wantMessage: "stopped at the invocation's time limit"},

@@ -12,9 +12,16 @@
 //     in sequence order), after deleting that consumer's inbox entries for
 //     exactly those events in the transaction that writes the audit row, so
 //     only that consumer re-applies them (to rebuild a read model).
-//   - dlq-redrive: messages move from a consumer's DLQ back to its queue by
-//     receive-and-resend (works on AWS, LocalStack and emulators without
-//     StartMessageMoveTask), keeping MessageGroupId and order within a group.
+//   - dlq-redrive: messages move from a consumer's DLQ (or its SNS
+//     subscription's DLQ) back to its queue by receive-and-resend (works on
+//     AWS, LocalStack and emulators without StartMessageMoveTask), keeping
+//     MessageGroupId and order within a group. A consumer in strict order
+//     applies a held group's messages as they come back in order and then
+//     releases the group (pkg/inbox).
+//   - release-holds: ends a strict-order consumer's holds (table
+//     inbox_held) when the dead-lettered messages they wait for are gone
+//     (purged, expired after the DLQ's 14 days, deleted by hand); the
+//     group's next messages are then applied as they come.
 //   - migrate, prune, and the read-only status and dead-list.
 //
 // Every action that changes something writes a redrive_audit row (who, what,
@@ -36,6 +43,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/topology"
 )
 
@@ -49,6 +57,7 @@ const (
 	OpReplay        = "replay"
 	OpDLQRedrive    = "dlq-redrive"
 	OpPrune         = "prune"
+	OpReleaseHolds  = "release-holds"
 	defaultMax      = 100_000
 	sqsBatchSize    = 9 // SQS allows 10; some emulators reorder a 10-entry batch
 	defaultLimit    = 100
@@ -56,7 +65,7 @@ const (
 )
 
 // allOperations lists every operation, in the order the docs give them.
-var allOperations = []string{OpMigrate, OpStatus, OpDeadList, OpRequeueDead, OpDiscardDead, OpReplay, OpDLQRedrive, OpPrune}
+var allOperations = []string{OpMigrate, OpStatus, OpDeadList, OpRequeueDead, OpDiscardDead, OpReplay, OpDLQRedrive, OpReleaseHolds, OpPrune}
 
 var operations = strings.Join(allOperations, ", ")
 
@@ -75,9 +84,12 @@ func CheckOperation(op string) error {
 // Command is one operator request, the JSON the redrive Lambda is invoked
 // with and the CLI builds from its flags.
 type Command struct {
-	// Operation is one of migrate, status, dead-list, requeue-dead, discard-dead, replay, dlq-redrive, prune.
+	// Operation is one of migrate, status, dead-list, requeue-dead,
+	// discard-dead, replay, dlq-redrive, release-holds, prune.
 	Operation string `json:"operation,omitempty"`
-	// Actor says who asked (the CLI sends user@host); recorded in the audit.
+	// Actor says who asked (the CLI sends user@host); recorded in the
+	// audit. Nothing verifies it: the redrive Lambda records a payload's
+	// actor as ClaimedActorPrefix + actor, beside its own request id.
 	Actor string `json:"actor,omitempty"`
 	// RequestID correlates the audit row with the Lambda request (set by the Lambda).
 	RequestID string `json:"request_id,omitempty"`
@@ -96,6 +108,13 @@ type Command struct {
 	Until         *time.Time `json:"until,omitempty"`
 	// Consumer is the target consumer (replay, dlq-redrive; optional for status).
 	Consumer string `json:"consumer,omitempty"`
+	// Groups selects message groups (= aggregate ids) for release-holds;
+	// empty: every held group of the consumer.
+	Groups []string `json:"groups,omitempty"`
+	// Source is where dlq-redrive takes messages from: "dlq" (default), the
+	// consumer queue's DLQ, or "subscription-dlq", the DLQ of the
+	// consumer's SNS subscription (messages SNS could not deliver).
+	Source string `json:"source,omitempty"`
 	// Max bounds how many events or messages the operation may touch:
 	// dlq-redrive moves at most Max; requeue-dead and replay refuse a
 	// selection larger than Max. Default 100,000.
@@ -127,17 +146,28 @@ type Result struct {
 	Dead   []DeadItem `json:"dead,omitempty"`
 }
 
-// QueueURLs locates one consumer's queue and DLQ.
+// QueueURLs locates one consumer's queue and DLQs.
 type QueueURLs struct {
 	QueueURL string `json:"queue_url"`
 	DLQURL   string `json:"dlq_url"`
+	// SubscriptionDLQURL is the DLQ of the consumer's SNS subscription
+	// (topology.Consumer.SubscriptionDLQName); optional, needed by
+	// dlq-redrive with source subscription-dlq.
+	SubscriptionDLQURL string `json:"subscription_dlq_url,omitempty"`
 }
+
+// dlq-redrive sources.
+const (
+	SourceDLQ             = "dlq"
+	SourceSubscriptionDLQ = "subscription-dlq"
+)
 
 // Queues maps consumer name to its queues.
 type Queues map[string]QueueURLs
 
 // QueuesFromEnv parses FIFOBOX_QUEUES, a JSON object consumer name ->
-// {"queue_url", "dlq_url"}. Unset means no queues (database-only operations).
+// {"queue_url", "dlq_url", "subscription_dlq_url" (optional)}. Unset means
+// no queues (database-only operations).
 func QueuesFromEnv() (Queues, error) {
 	return ParseQueues(os.Getenv("FIFOBOX_QUEUES"))
 }
@@ -216,19 +246,73 @@ func New(db *pgxpool.Pool, sqsAPI SQSAPI, cfg Config) (*Service, error) {
 	return &Service{db: db, sqs: sqsAPI, cfg: cfg, log: cfg.Logger}, nil
 }
 
+// Retention guards of prune. They hold for every caller: the daily
+// schedule, an invocation of the redrive function, the CLI.
+const (
+	// MinSentRetention is the shortest older_than prune accepts: sent
+	// events are what replay re-sends, and older_than 0 would delete every
+	// sent event at once.
+	MinSentRetention = 24 * time.Hour
+	// MinInboxRetention is the shortest inbox_older_than prune accepts:
+	// inbox.MinRetention, longer than any DLQ keeps a message.
+	MinInboxRetention = inbox.MinRetention
+)
+
+// ClaimedActorPrefix marks an audit actor that the caller stated and nothing
+// verified (the redrive Lambda cannot see who invoked it; CloudTrail's
+// Invoke event can, found by the request id recorded beside it).
+const ClaimedActorPrefix = "claimed:"
+
+// maxActorLen bounds the audit's actor.
+const maxActorLen = 256
+
+// Validate checks the fields every operation shares and prune's retentions
+// before anything runs, each error naming its JSON field. Execute calls it;
+// the CLI calls it before invoking the redrive Lambda.
+func (c Command) Validate() error {
+	if err := CheckOperation(c.Operation); err != nil {
+		return err
+	}
+	if c.Max < 0 {
+		return fmt.Errorf("max %d: must be positive", c.Max)
+	}
+	if c.Source != "" && c.Source != SourceDLQ && c.Source != SourceSubscriptionDLQ {
+		return fmt.Errorf("source %q: want %s or %s", c.Source, SourceDLQ, SourceSubscriptionDLQ)
+	}
+	if len(c.Actor) > maxActorLen || strings.ContainsFunc(c.Actor, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+		return fmt.Errorf("actor: at most %d characters without control characters", maxActorLen)
+	}
+	if c.Operation == OpDiscardDead {
+		// A discarded event is never published: it is chosen event by
+		// event, and why is recorded.
+		if len(c.EventIDs) == 0 {
+			return errors.New("event_ids: required for discard-dead (discarding is chosen event by event)")
+		}
+		if strings.TrimSpace(c.Reason) == "" {
+			return errors.New("reason: required for discard-dead")
+		}
+	}
+	if c.Operation == OpPrune {
+		if _, err := retention("older_than", c.OlderThan, defaultPruneAge, MinSentRetention); err != nil {
+			return err
+		}
+		if _, err := retention("inbox_older_than", c.InboxOlderThan, inbox.DefaultRetention, MinInboxRetention); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Execute validates and runs one command.
 func (s *Service) Execute(ctx context.Context, cmd Command) (Result, error) {
+	if err := cmd.Validate(); err != nil {
+		return Result{}, err
+	}
 	if cmd.Actor == "" {
 		cmd.Actor = "unknown"
 	}
 	if cmd.Max == 0 {
 		cmd.Max = defaultMax
-	}
-	if cmd.Max < 0 {
-		return Result{}, errors.New("max must be positive")
-	}
-	if err := CheckOperation(cmd.Operation); err != nil {
-		return Result{}, err
 	}
 	var (
 		res Result
@@ -249,6 +333,8 @@ func (s *Service) Execute(ctx context.Context, cmd Command) (Result, error) {
 		res, err = s.replay(ctx, cmd)
 	case OpDLQRedrive:
 		res, err = s.dlqRedrive(ctx, cmd)
+	case OpReleaseHolds:
+		res, err = s.releaseHolds(ctx, cmd)
 	case OpPrune:
 		res, err = s.prune(ctx, cmd)
 	default: // listed in allOperations but not handled here

@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/fifobox/fifobox/pkg/envelope"
 )
@@ -45,7 +46,29 @@ type Consumer struct {
 	MaxConcurrency int
 	// Filter maps message attribute names to allowed values; empty means every event.
 	Filter map[string][]string
+	// RelaxedOrder opts the consumer out of strict per-aggregate order.
+	// Strict (false, the default): once the consumer dead-letters an event,
+	// it sends the aggregate's later events to its DLQ behind it until
+	// redrive brings them back in order. Relaxed: later events are applied
+	// at once, and the dead one arrives after them when redriven (for side
+	// effects that do not depend on order). The consumer function gets it
+	// as FIFOBOX_CONSUMER_ORDER (OrderName).
+	RelaxedOrder bool
 }
+
+// OrderName is the consumer's order setting as FIFOBOX_CONSUMER_ORDER
+// spells it: "strict" or "relaxed".
+func (c Consumer) OrderName() string {
+	if c.RelaxedOrder {
+		return "relaxed"
+	}
+	return "strict"
+}
+
+// DLQRetention is how long every DLQ keeps a message: 14 days, the SQS
+// maximum (time to investigate). Inbox rows must outlast it
+// (inbox.MinRetention), or a redriven message could be applied twice.
+const DLQRetention = 14 * 24 * time.Hour
 
 // QueueName is the consumer's SQS FIFO queue name.
 func (c Consumer) QueueName() string { return c.Name + ".fifo" }

@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/topology"
 )
 
@@ -77,5 +79,16 @@ func TestFilterPolicyAndMatches(t *testing.T) {
 	all := topology.Consumer{Name: "audit"}
 	if all.FilterPolicy() != "" || !all.Matches(map[string]string{}) {
 		t.Fatal("a consumer without a filter must take every event and render no policy")
+	}
+}
+
+// The inbox keeps rows longer than any DLQ keeps a message: one rule for
+// the CDK schedule, the redrive function and the CLI.
+func TestInboxRetentionOutlastsTheDLQs(t *testing.T) {
+	if inbox.MinRetention <= topology.DLQRetention || inbox.DefaultRetention < inbox.MinRetention {
+		t.Fatalf("inbox retention min %s / default %s must outlast the DLQs' %s", inbox.MinRetention, inbox.DefaultRetention, topology.DLQRetention)
+	}
+	if topology.DLQRetention != 1209600*time.Second {
+		t.Fatalf("DLQ retention %s, want SQS's maximum of 14 days", topology.DLQRetention)
 	}
 }

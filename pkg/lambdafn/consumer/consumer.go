@@ -9,9 +9,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
+	"time"
 
 	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/metrics"
+	"github.com/fifobox/fifobox/pkg/topology"
 )
 
 // Config configures a consumer function.
@@ -22,24 +25,70 @@ type Config struct {
 	// DLQURL is the queue's dead-letter queue for permanent and invalid
 	// messages (FIFOBOX_DLQ_URL). Required.
 	DLQURL string
+	// Order is "strict" or "relaxed" (FIFOBOX_CONSUMER_ORDER; see
+	// inbox.Order). Empty: the default topology's setting for this
+	// consumer, else strict.
+	Order string
+	// MaxReceiveCount is the queue's maxReceiveCount
+	// (FIFOBOX_MAX_RECEIVE_COUNT), so the handler knows a record's last
+	// receive. 0: the default topology's value for this consumer, else
+	// unknown.
+	MaxReceiveCount int
+	// DeadlineMargin: no record starts this close to the invocation's
+	// deadline (FIFOBOX_DEADLINE_MARGIN, a Go duration; default 3s).
+	DeadlineMargin time.Duration
+	// LogAggregateIDs adds message group (aggregate) ids to log lines
+	// (FIFOBOX_LOG_AGGREGATE_IDS=true). Off by default: they may carry
+	// personal data.
+	LogAggregateIDs bool
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 }
 
-// Validate reports the first missing setting, named by its variable.
+// Validate reports the first missing or invalid setting, named by its variable.
 func (c Config) Validate() error {
 	switch {
 	case c.Consumer == "":
 		return errors.New("FIFOBOX_CONSUMER_NAME is required")
 	case c.DLQURL == "":
 		return errors.New("FIFOBOX_DLQ_URL is required")
+	case c.MaxReceiveCount < 0 || c.MaxReceiveCount > 1000:
+		return fmt.Errorf("FIFOBOX_MAX_RECEIVE_COUNT=%d: want 1-1000", c.MaxReceiveCount)
+	case c.DeadlineMargin < 0:
+		return fmt.Errorf("FIFOBOX_DEADLINE_MARGIN=%s: must not be negative", c.DeadlineMargin)
+	}
+	if _, err := inbox.ParseOrder(c.Order); err != nil {
+		return fmt.Errorf("FIFOBOX_CONSUMER_ORDER: %w", err)
 	}
 	return nil
 }
 
-// ConfigFromEnv reads FIFOBOX_CONSUMER_NAME and FIFOBOX_DLQ_URL.
+// ConfigFromEnv reads FIFOBOX_CONSUMER_NAME, FIFOBOX_DLQ_URL,
+// FIFOBOX_CONSUMER_ORDER, FIFOBOX_MAX_RECEIVE_COUNT,
+// FIFOBOX_DEADLINE_MARGIN and FIFOBOX_LOG_AGGREGATE_IDS.
 func ConfigFromEnv() (Config, error) {
-	c := Config{Consumer: os.Getenv("FIFOBOX_CONSUMER_NAME"), DLQURL: os.Getenv("FIFOBOX_DLQ_URL")}
+	c := Config{Consumer: os.Getenv("FIFOBOX_CONSUMER_NAME"), DLQURL: os.Getenv("FIFOBOX_DLQ_URL"), Order: os.Getenv("FIFOBOX_CONSUMER_ORDER")}
+	if v := os.Getenv("FIFOBOX_MAX_RECEIVE_COUNT"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000 {
+			return c, fmt.Errorf("FIFOBOX_MAX_RECEIVE_COUNT=%q: want 1-1000 (the queue's maxReceiveCount)", v)
+		}
+		c.MaxReceiveCount = n
+	}
+	if v := os.Getenv("FIFOBOX_DEADLINE_MARGIN"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			return c, fmt.Errorf("FIFOBOX_DEADLINE_MARGIN=%q: want a Go duration such as 3s", v)
+		}
+		c.DeadlineMargin = d
+	}
+	if v := os.Getenv("FIFOBOX_LOG_AGGREGATE_IDS"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return c, fmt.Errorf("FIFOBOX_LOG_AGGREGATE_IDS=%q: want true or false", v)
+		}
+		c.LogAggregateIDs = b
+	}
 	return c, c.Validate()
 }
 
@@ -52,7 +101,17 @@ func New(db inbox.DB, dlq inbox.DLQSender, apply inbox.Apply, em *metrics.Emitte
 	if log == nil {
 		log = slog.Default()
 	}
-	hc := inbox.HandlerConfig{Consumer: cfg.Consumer, DLQURL: cfg.DLQURL, Logger: log}
+	if tc, ok := topology.Default().Consumer(cfg.Consumer); ok {
+		if cfg.Order == "" {
+			cfg.Order = tc.OrderName()
+		}
+		if cfg.MaxReceiveCount == 0 {
+			cfg.MaxReceiveCount = tc.MaxReceiveCount
+		}
+	}
+	order, _ := inbox.ParseOrder(cfg.Order) // checked by Validate
+	hc := inbox.HandlerConfig{Consumer: cfg.Consumer, DLQURL: cfg.DLQURL, Order: order, MaxReceiveCount: cfg.MaxReceiveCount,
+		DeadlineMargin: cfg.DeadlineMargin, LogAggregateIDs: cfg.LogAggregateIDs, Logger: log}
 	if em != nil {
 		hc.OnBatch = func(m inbox.BatchMetrics) {
 			if err := em.InboxBatch(m); err != nil {

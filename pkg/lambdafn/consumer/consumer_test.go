@@ -21,15 +21,25 @@ import (
 func TestConfigFromEnv(t *testing.T) {
 	tests := []struct {
 		name, consumer, dlq, wantErr string
+		env                          map[string]string
 	}{
-		{"ok", "orders-projection", "http://q/dlq", ""},
-		{"no name", "", "http://q/dlq", "FIFOBOX_CONSUMER_NAME"},
-		{"no dlq", "orders-projection", "", "FIFOBOX_DLQ_URL"},
+		{"ok", "orders-projection", "http://q/dlq", "", nil},
+		{"no name", "", "http://q/dlq", "FIFOBOX_CONSUMER_NAME", nil},
+		{"no dlq", "orders-projection", "", "FIFOBOX_DLQ_URL", nil},
+		{"relaxed", "c", "d", "", map[string]string{"FIFOBOX_CONSUMER_ORDER": "relaxed", "FIFOBOX_MAX_RECEIVE_COUNT": "5",
+			"FIFOBOX_DEADLINE_MARGIN": "2s", "FIFOBOX_LOG_AGGREGATE_IDS": "true"}},
+		{"bad order", "c", "d", "FIFOBOX_CONSUMER_ORDER", map[string]string{"FIFOBOX_CONSUMER_ORDER": "loose"}},
+		{"bad max receive", "c", "d", "FIFOBOX_MAX_RECEIVE_COUNT", map[string]string{"FIFOBOX_MAX_RECEIVE_COUNT": "0"}},
+		{"bad margin", "c", "d", "FIFOBOX_DEADLINE_MARGIN", map[string]string{"FIFOBOX_DEADLINE_MARGIN": "soon"}},
+		{"bad log flag", "c", "d", "FIFOBOX_LOG_AGGREGATE_IDS", map[string]string{"FIFOBOX_LOG_AGGREGATE_IDS": "maybe"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Setenv("FIFOBOX_CONSUMER_NAME", tt.consumer)
 			t.Setenv("FIFOBOX_DLQ_URL", tt.dlq)
+			for _, k := range []string{"FIFOBOX_CONSUMER_ORDER", "FIFOBOX_MAX_RECEIVE_COUNT", "FIFOBOX_DEADLINE_MARGIN", "FIFOBOX_LOG_AGGREGATE_IDS"} {
+				t.Setenv(k, tt.env[k])
+			}
 			_, err := consumer.ConfigFromEnv()
 			if tt.wantErr == "" && err != nil {
 				t.Fatalf("unexpected error: %v", err)

@@ -5,7 +5,9 @@
 package redrive
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -70,8 +72,11 @@ func New(svc Executor, cfg Config) (*Handler, error) {
 	return &Handler{svc: svc, cfg: cfg}, nil
 }
 
-// Handle runs cmd. The audit row records the Lambda request id, and the
-// function's name as actor unless the caller (the CLI sends user@host) gave one.
+// Handle runs cmd. The audit row records the Lambda request id, and as
+// actor the function ("lambda:<name>") or, if the payload names one (the CLI
+// sends user@host), that name marked as claimed ("claimed:user@host"):
+// anyone allowed to invoke the function can write any actor, so only the
+// request id (matched in CloudTrail) says who really asked.
 func (h *Handler) Handle(ctx context.Context, cmd redrive.Command) (redrive.Result, error) {
 	if cmd.Operation == "" {
 		cmd.Operation = h.cfg.DefaultOperation
@@ -81,6 +86,32 @@ func (h *Handler) Handle(ctx context.Context, cmd redrive.Command) (redrive.Resu
 	}
 	if cmd.Actor == "" {
 		cmd.Actor = "lambda:" + lambdacontext.FunctionName
+	} else {
+		cmd.Actor = redrive.ClaimedActorPrefix + cmd.Actor
 	}
 	return h.svc.Execute(ctx, cmd)
+}
+
+// Invoke makes Handler a lambda.Handler (register it with lambda.Start(h)):
+// it decodes the payload into a redrive.Command and runs Handle. An empty
+// payload (a CDK trigger may invoke with none) or JSON null is an empty
+// command, which runs the default operation. Unknown fields are refused,
+// naming the field, so a misspelt option is never silently ignored.
+func (h *Handler) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
+	var cmd redrive.Command
+	if p := bytes.TrimSpace(payload); len(p) > 0 && !bytes.Equal(p, []byte("null")) {
+		dec := json.NewDecoder(bytes.NewReader(p))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&cmd); err != nil {
+			return nil, fmt.Errorf("redrive command: %w", err)
+		}
+		if dec.More() {
+			return nil, errors.New("redrive command: trailing data after the JSON object")
+		}
+	}
+	res, err := h.Handle(ctx, cmd)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(res)
 }

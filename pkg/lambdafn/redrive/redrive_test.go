@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/aws/aws-lambda-go/lambdacontext"
 
 	lambdaredrive "github.com/fifobox/fifobox/pkg/lambdafn/redrive"
@@ -35,7 +36,8 @@ func TestHandleFillsWhatTheInvocationKnows(t *testing.T) {
 	}{
 		{"deploy trigger: empty event takes the default", inLambda, "migrate", redrive.Command{}, "migrate", "lambda:fifobox-redrive", "req-1"},
 		{"the event's operation wins over the default", inLambda, "migrate", redrive.Command{Operation: "status"}, "status", "lambda:fifobox-redrive", "req-1"},
-		{"the CLI's actor is kept", inLambda, "", redrive.Command{Operation: "requeue-dead", Actor: "ana@laptop"}, "requeue-dead", "ana@laptop", "req-1"},
+		{"the payload's actor is recorded as claimed", inLambda, "", redrive.Command{Operation: "requeue-dead", Actor: "ana@laptop"}, "requeue-dead", "claimed:ana@laptop", "req-1"},
+		{"a payload cannot pose as the function", inLambda, "", redrive.Command{Operation: "status", Actor: "lambda:fifobox-redrive"}, "status", "claimed:lambda:fifobox-redrive", "req-1"},
 		{"the request id is the Lambda's, not the caller's", inLambda, "", redrive.Command{Operation: "status", RequestID: "forged"}, "status", "lambda:fifobox-redrive", "req-1"},
 		{"outside Lambda the caller's request id stays", context.Background(), "", redrive.Command{Operation: "status", RequestID: "local"}, "status", "lambda:fifobox-redrive", "local"},
 	}
@@ -105,5 +107,35 @@ func TestRetentionSchedulePayloadDecodes(t *testing.T) {
 	want := redrive.Command{Operation: redrive.OpPrune, Actor: "schedule:retention", OlderThan: "168h", InboxOlderThan: "720h"}
 	if !reflect.DeepEqual(cmd, want) {
 		t.Errorf("decoded %+v, want %+v", cmd, want)
+	}
+}
+
+// The deploy-time migration (a CDK Trigger) invokes the function with no
+// payload of its own: through the same path lambda.Start uses, an empty,
+// blank, {} or null payload runs the default operation; a misspelt field
+// is refused, naming it.
+func TestDeployTriggerPayloadsThroughTheLambdaHandler(t *testing.T) {
+	inLambda := lambdacontext.NewContext(context.Background(), &lambdacontext.LambdaContext{AwsRequestID: "req-9"})
+	for _, payload := range []string{"", " \n", "{}", "null"} {
+		rec := &recorder{}
+		h, err := lambdaredrive.New(rec, lambdaredrive.Config{DefaultOperation: redrive.OpMigrate})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := lambda.NewHandler(h).Invoke(inLambda, []byte(payload))
+		if err != nil {
+			t.Fatalf("payload %q: %v", payload, err)
+		}
+		var res redrive.Result
+		if err := json.Unmarshal(out, &res); err != nil || res.Operation != redrive.OpMigrate {
+			t.Fatalf("payload %q: response %s (%v), want the migrate result", payload, out, err)
+		}
+		if len(rec.got) != 1 || rec.got[0].Operation != redrive.OpMigrate || rec.got[0].RequestID != "req-9" {
+			t.Fatalf("payload %q ran %+v", payload, rec.got)
+		}
+	}
+	h, _ := lambdaredrive.New(&recorder{}, lambdaredrive.Config{DefaultOperation: redrive.OpMigrate})
+	if _, err := lambda.NewHandler(h).Invoke(inLambda, []byte(`{"operation":"prune","older_tham":"1h"}`)); err == nil || !strings.Contains(err.Error(), "older_tham") {
+		t.Fatalf("misspelt field: %v, want an error naming it", err)
 	}
 }

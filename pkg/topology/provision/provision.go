@@ -1,5 +1,6 @@
 // Package provision creates a topology (SNS FIFO topic, SQS FIFO queues and
-// DLQs, raw-delivery subscriptions with filter policies) through the AWS API.
+// DLQs, raw-delivery subscriptions with filter policies and their own FIFO
+// dead-letter queues) through the AWS API.
 // It is what `make local` and the integration tests use against the local
 // emulator, LocalStack or Floci; in AWS the CDK app creates the same
 // resources from the same topology definition.
@@ -10,6 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sns"
@@ -43,12 +45,18 @@ type Options struct {
 
 // Queue is one consumer's provisioned queues.
 type Queue struct {
-	Name     string
-	URL      string
-	ARN      string
-	DLQURL   string
-	DLQARN   string
-	Consumer topology.Consumer
+	Name   string
+	URL    string
+	ARN    string
+	DLQURL string
+	DLQARN string
+	// SubDLQURL and SubDLQARN are the subscription's dead-letter queue:
+	// messages SNS could not deliver to the queue. (fauxqs 2.4.1 stores the
+	// subscription's RedrivePolicy but never uses it: a failed delivery is
+	// dropped there. AWS, LocalStack and Floci deliver to it.)
+	SubDLQURL string
+	SubDLQARN string
+	Consumer  topology.Consumer
 }
 
 // Resources are what Provision created (or found).
@@ -93,7 +101,14 @@ func provisionConsumer(ctx context.Context, snsc SNSAPI, sqsc SQSAPI, topicARN s
 	}
 	dlqURL, dlqARN, err := createQueue(ctx, sqsc, opt.Prefix+c.DLQName(), map[string]string{
 		"FifoQueue":              "true",
-		"MessageRetentionPeriod": "1209600", // 14 days, the maximum: time to investigate
+		"MessageRetentionPeriod": strconv.Itoa(int(topology.DLQRetention / time.Second)),
+	})
+	if err != nil {
+		return Queue{}, err
+	}
+	subDLQURL, subDLQARN, err := createQueue(ctx, sqsc, opt.Prefix+c.SubscriptionDLQName(), map[string]string{
+		"FifoQueue":              "true",
+		"MessageRetentionPeriod": strconv.Itoa(int(topology.DLQRetention / time.Second)),
 	})
 	if err != nil {
 		return Queue{}, err
@@ -107,7 +122,8 @@ func provisionConsumer(ctx context.Context, snsc SNSAPI, sqsc SQSAPI, topicARN s
 	if err != nil {
 		return Queue{}, err
 	}
-	attrs := map[string]string{"RawMessageDelivery": "true"}
+	subRedrive, _ := json.Marshal(map[string]string{"deadLetterTargetArn": subDLQARN})
+	attrs := map[string]string{"RawMessageDelivery": "true", "RedrivePolicy": string(subRedrive)}
 	if fp := c.FilterPolicy(); fp != "" {
 		attrs["FilterPolicy"] = fp
 		attrs["FilterPolicyScope"] = "MessageAttributes"
@@ -118,7 +134,8 @@ func provisionConsumer(ctx context.Context, snsc SNSAPI, sqsc SQSAPI, topicARN s
 	}); err != nil {
 		return Queue{}, fmt.Errorf("subscribe %s: %w", c.QueueName(), err)
 	}
-	return Queue{Name: opt.Prefix + c.QueueName(), URL: url, ARN: arn, DLQURL: dlqURL, DLQARN: dlqARN, Consumer: c}, nil
+	return Queue{Name: opt.Prefix + c.QueueName(), URL: url, ARN: arn, DLQURL: dlqURL, DLQARN: dlqARN,
+		SubDLQURL: subDLQURL, SubDLQARN: subDLQARN, Consumer: c}, nil
 }
 
 func createQueue(ctx context.Context, sqsc SQSAPI, name string, attrs map[string]string) (url, arn string, err error) {

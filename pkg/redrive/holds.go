@@ -1,0 +1,58 @@
+package redrive
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// releaseHolds deletes a consumer's inbox_held rows (all its groups, or the
+// selected ones) in the transaction that writes the audit row. Only for
+// holds whose dead-lettered messages will not come back: a message still in
+// the DLQ and redriven after its group was released is applied after the
+// group's later events.
+func (s *Service) releaseHolds(ctx context.Context, cmd Command) (Result, error) {
+	res := Result{Operation: cmd.Operation, DryRun: cmd.DryRun}
+	if cmd.Consumer == "" {
+		return res, errors.New("release-holds: consumer is required")
+	}
+	groups := cmd.Groups
+	if groups == nil {
+		groups = []string{} // never NULL: cardinality(NULL) would match nothing
+	}
+	const where = ` FROM inbox_held WHERE consumer = $1 AND (cardinality($2::text[]) = 0 OR group_id = ANY($2::text[]))`
+	var n, g int64
+	if err := s.db.QueryRow(ctx, `SELECT count(*), count(DISTINCT group_id)`+where, cmd.Consumer, groups).Scan(&n, &g); err != nil {
+		return res, fmt.Errorf("release-holds: count: %w", err)
+	}
+	res.Affected, res.Aggregates = n, int(g)
+	if n > int64(cmd.Max) {
+		return res, fmt.Errorf("release-holds: %d held messages selected, more than max %d", n, cmd.Max)
+	}
+	if cmd.DryRun {
+		res.Message = fmt.Sprintf("would release %d held groups (%d messages listed) of %s", g, n, cmd.Consumer)
+		return res, nil
+	}
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		id, err := s.auditStart(ctx, tx, cmd)
+		if err != nil {
+			return err
+		}
+		res.AuditID = id
+		tag, err := tx.Exec(ctx, `DELETE`+where, cmd.Consumer, groups)
+		if err != nil {
+			return fmt.Errorf("delete held rows: %w", err)
+		}
+		res.Affected = tag.RowsAffected()
+		_, err = tx.Exec(ctx, `UPDATE redrive_audit SET status = 'done', affected = $2, finished_at = now() WHERE id = $1`, id, res.Affected)
+		return err
+	})
+	if err != nil {
+		return res, fmt.Errorf("release-holds: %w", err)
+	}
+	res.Message = fmt.Sprintf("released %d held groups (%d messages listed) of %s", g, res.Affected, cmd.Consumer)
+	s.log.Info("redrive operation finished", "audit_id", res.AuditID, "operation", cmd.Operation, "actor", cmd.Actor, "status", "done", "affected", res.Affected)
+	return res, nil
+}
