@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -69,11 +70,25 @@ func New(tb testing.TB) *Vhost {
 }
 
 // CloseConnections closes every client connection to the vhost, as a broker
-// outage or a network cut would.
-func (v *Vhost) CloseConnections(tb testing.TB) {
+// outage or a network cut would, and returns how many it closed.
+func (v *Vhost) CloseConnections(tb testing.TB) int {
 	tb.Helper()
+	n := len(v.Connections(tb))
 	Ctl(tb, "close_all_connections", "-p", v.Name, "fifobox test: simulated outage")
+	return n
 }
+
+// Connections lists the client-provided names of the vhost's connections.
+func (v *Vhost) Connections(tb testing.TB) []string {
+	tb.Helper()
+	var out []string
+	for _, m := range connNameRE.FindAllStringSubmatch(Ctl(tb, "--no-table-headers", "list_connections", "-p", v.Name, "client_properties"), -1) {
+		out = append(out, m[1])
+	}
+	return out
+}
+
+var connNameRE = regexp.MustCompile(`\{"connection_name","([^"]*)"\}`)
 
 // Ctl runs rabbitmqctl with args and fails the test if it fails.
 func Ctl(tb testing.TB, args ...string) string {
