@@ -184,10 +184,10 @@ type aggKind struct {
 }
 
 type appliedRow struct {
-	n                       int64
-	consumer, eventID, agg  string
-	aggType, eventType      string
-	seq                     int64
+	n                      int64
+	consumer, eventID, agg string
+	aggType, eventType     string
+	seq                    int64
 }
 
 func (p *pipeline) applied() []appliedRow {
