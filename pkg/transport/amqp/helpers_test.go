@@ -146,3 +146,8 @@ func eventually(t *testing.T, timeout time.Duration, what string, cond func() bo
 func fastRetry(n int) transport.RetryPolicy {
 	return transport.RetryPolicy{MaxRetries: n, InitialDelay: transport.Duration(50 * time.Millisecond), Multiplier: 2, MaxDelay: transport.Duration(time.Second)}
 }
+
+// amqpPublishing is a raw persistent message with an id.
+func amqpPublishing(id string, body []byte) amqp091.Publishing {
+	return amqp091.Publishing{MessageId: id, Body: body, DeliveryMode: amqp091.Persistent, Headers: amqp091.Table{}}
+}
