@@ -185,7 +185,9 @@ func TestInvalidAndPermanentGoToTheDLQAtOnce(t *testing.T) {
 		t.Errorf("DLQ classes %v, want invalid and permanent", classes)
 	}
 	// The permanent failure does not park the aggregate: its next event applied.
-	waitRows(t, p, func(rows []appliedRow) bool { return len(rowsOf(rows, "search-indexer")) == 1 && len(rowsOf(rows, "cache-invalidator")) == 2 })
+	waitRows(t, p, func(rows []appliedRow) bool {
+		return len(rowsOf(rows, "search-indexer")) == 1 && len(rowsOf(rows, "cache-invalidator")) == 2
+	})
 }
 
 func countEvent(rows []appliedRow, consumer, id string) int {
@@ -212,7 +214,6 @@ func waitRows(t *testing.T, p *pipeline, cond func([]appliedRow) bool) {
 	t.Helper()
 	eventually(t, 60*time.Second, "applied rows", func() bool { return cond(p.applied()) })
 }
-
 
 // TestRetryKeepsAggregateOrder: an event that fails twice and then succeeds
 // is still applied before the later events of its aggregate (they wait
