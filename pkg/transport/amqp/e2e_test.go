@@ -16,6 +16,7 @@ import (
 	"github.com/fifobox/fifobox/internal/pgtest"
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
+	"github.com/fifobox/fifobox/pkg/topology"
 	"github.com/fifobox/fifobox/pkg/transport/amqp"
 	"github.com/fifobox/fifobox/pkg/transport/amqp/amqptest"
 )
@@ -217,6 +218,19 @@ func (p *pipeline) routes(e envelope.Envelope) []string {
 			out = append(out, c.Name)
 			continue
 		}
+		if p.topo.Exchange.Kind == amqp.KindHeaders {
+			for _, b := range c.Bindings {
+				ok := true
+				for k, v := range b.Headers {
+					ok = ok && m.Attributes[k] == v
+				}
+				if ok {
+					out = append(out, c.Name)
+					break
+				}
+			}
+			continue
+		}
 		key := renderKey(p.topo.RoutingKey, m)
 		for _, b := range c.Bindings {
 			if topicMatch(strings.Split(b.Key, "."), strings.Split(key, ".")) {
@@ -331,6 +345,10 @@ var (
 		{"order", []string{"order.confirmed", "order.cancelled"}},
 	}
 	corewriteKinds = []aggKind{{"doc", []string{"doc.written", "doc.deleted"}}}
+	defaultKinds   = []aggKind{
+		{"order", []string{"order.created", "order.paid", "order.shipped"}},
+		{"customer", []string{"customer.updated"}},
+	}
 )
 
 func TestEndToEnd(t *testing.T) {
@@ -342,6 +360,7 @@ func TestEndToEnd(t *testing.T) {
 		{"holdco", amqp.Holdco(), holdcoKinds},
 		{"ticketing", amqp.Ticketing(), ticketingKinds},
 		{"corewrite", amqp.Corewrite(), corewriteKinds},
+		{"default-headers", amqp.FromTopology(topology.Default()), defaultKinds},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
