@@ -54,7 +54,8 @@ func NewRunner(cfg Config, db inbox.DB, apply inbox.Apply, cc ConsumerConfig) (*
 
 // Run consumes until ctx is done, reconnecting after broker outages, and
 // returns nil then. Messages in hand when ctx ends are finished (within
-// HandlerTimeout) and acknowledged, not abandoned.
+// HandlerTimeout) and acknowledged, not abandoned. Run closes the runner's
+// connections when it returns: call it once.
 func (r *Runner) Run(ctx context.Context) error {
 	defer r.out.close()
 	defer r.conn.close()

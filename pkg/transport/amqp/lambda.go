@@ -34,9 +34,11 @@ import (
 // and the remaining records of a failed aggregate were left unapplied so
 // that they keep their order.
 //
-// Records beyond Lambda's redelivery policy are rejected by Lambda; the
-// queue dead-letters them to its DLQ (and a quorum queue's delivery limit
-// does the same for messages delivered too often).
+// What Lambda does with a batch once its own redelivery policy is used up
+// is Lambda's (AWS documents a fixed policy, maximumRedeliveries 6); the
+// queue dead-letters whatever the broker rejects or, for a quorum queue,
+// delivers DeliveryLimit times, to the consumer's DLQ, so such records end
+// there rather than being lost.
 type LambdaHandler struct {
 	cfg Config
 	s   *settler

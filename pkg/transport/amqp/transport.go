@@ -39,7 +39,8 @@ func New(cfg Config) (*Transport, error) {
 	return t, nil
 }
 
-// FromEnv is New(ConfigFromEnv()), with FIFOBOX_LOG_AGGREGATE_IDS read for consumers.
+// FromEnv is New(ConfigFromEnv()). Consumers it returns also read
+// FIFOBOX_LOG_AGGREGATE_IDS.
 func FromEnv() (*Transport, error) {
 	cfg, err := ConfigFromEnv()
 	if err != nil {
