@@ -1,0 +1,374 @@
+package amqp_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/fifobox/fifobox/internal/pgtest"
+	"github.com/fifobox/fifobox/pkg/envelope"
+	"github.com/fifobox/fifobox/pkg/outbox"
+	"github.com/fifobox/fifobox/pkg/transport/amqp"
+	"github.com/fifobox/fifobox/pkg/transport/amqp/amqptest"
+)
+
+const (
+	benchConcurrency = 16 // the dispatcher's default PublishConcurrency
+	benchBatch       = 10 // the dispatcher's default PublishBatchSize
+)
+
+// benchEvents returns n holdco events over n/2 aggregates (two each: only one
+// event per aggregate can be in flight, so deeper aggregates measure rounds,
+// not speed), ~300-byte bodies.
+func benchEvents(n int) []envelope.Envelope {
+	kinds := holdcoKinds
+	aggs := max(n/2, 1)
+	out := make([]envelope.Envelope, 0, n)
+	for i := 0; i < n; i++ {
+		k := kinds[(i%aggs)%len(kinds)]
+		e := newEvent(k.typ, fmt.Sprintf("%s-%07d", k.typ, i%aggs), k.events[(i/aggs)%len(k.events)], int64(i/aggs+1))
+		e.Payload = []byte(fmt.Sprintf(`{"amount_cents":%d,"currency":"EUR","note":"%0200d"}`, i, i))
+		out = append(out, e)
+	}
+	return out
+}
+
+// BenchmarkThroughRabbitMQ measures dispatcher throughput (PostgreSQL outbox
+// -> Publisher -> holdco's topic exchange and 3 quorum queues) beside the raw
+// publish-with-confirms rate of the same client to the same exchange, with
+// the same messages, batch size and concurrency, in one run: 16 goroutines,
+// each on its own confirm channel publishing 10 messages and then waiting
+// for their 10 confirms. Rounds alternate which side goes first; the best of
+// each is reported. b.N is events per round.
+//
+//	go test -run '^$' -bench BenchmarkThroughRabbitMQ -benchtime 20000x ./pkg/transport/amqp/
+func BenchmarkThroughRabbitMQ(b *testing.B) {
+	topo := amqp.Holdco()
+	v, cfg := benchVhost(b, topo)
+	var raw, disp float64
+	rounds := 2
+	if s := os.Getenv("FIFOBOX_BENCH_ROUNDS"); s != "" {
+		rounds, _ = strconv.Atoi(s)
+	}
+	rawSide := func() {
+		b.Run("raw-publish-confirm", func(b *testing.B) {
+			msgs := make([]outbox.Message, b.N)
+			for i, e := range benchEvents(b.N) {
+				msgs[i] = message(e)
+			}
+			b.ResetTimer()
+			r := rawRound(b, v.URL, cfg.Topology, msgs)
+			b.StopTimer()
+			purge(b, v.URL, topo)
+			raw = max(raw, r)
+			b.ReportMetric(r, "msgs/s")
+		})
+	}
+	for round := 1; round <= rounds; round++ {
+		if round%2 == 1 {
+			rawSide()
+		}
+		b.Run("dispatcher", func(b *testing.B) {
+			db := pgtest.New(b)
+			ctx := context.Background()
+			evs := benchEvents(b.N)
+			for len(evs) > 0 {
+				batch := evs[:min(500, len(evs))]
+				evs = evs[len(batch):]
+				if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error { return outbox.Enqueue(ctx, tx, batch...) }); err != nil {
+					b.Fatal(err)
+				}
+			}
+			pub, err := amqp.NewPublisher(cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer pub.Close()
+			d, err := outbox.NewDispatcher(db.Pool, pub, outbox.DispatcherConfig{PublishConcurrency: benchConcurrency, PublishBatchSize: benchBatch, Logger: quiet})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			start := time.Now()
+			if err := d.Drain(ctx); err != nil {
+				b.Fatal(err)
+			}
+			r := float64(b.N) / time.Since(start).Seconds()
+			b.StopTimer()
+			if tot := d.Totals(); tot.Sent != int64(b.N) {
+				b.Fatalf("sent %d of %d (%+v)", tot.Sent, b.N, tot)
+			}
+			purge(b, v.URL, topo)
+			disp = max(disp, r)
+			b.ReportMetric(r, "events/s")
+		})
+		if round%2 == 0 {
+			rawSide()
+		}
+	}
+	if raw > 0 && disp > 0 {
+		fmt.Printf("\nthrough RabbitMQ (holdco: topic exchange, 3 quorum queues; best of %d rounds)\n", rounds)
+		fmt.Printf("%-52s %12s\n", "", "events/s")
+		fmt.Printf("%-52s %12.0f\n", "raw publish with confirms (10/batch, 16 channels)", raw)
+		fmt.Printf("%-52s %12.0f\n", "dispatcher: outbox -> RabbitMQ (Drain)", disp)
+		fmt.Printf("%-52s %11.0f%%   (target >= 80%%)\n\n", "dispatcher / raw", 100*disp/raw)
+	}
+}
+
+// rawRound publishes msgs like the dispatcher's publish step would, with
+// the client alone: benchConcurrency channels in confirm mode, each taking
+// the next 10 messages, publishing them and waiting for their confirms.
+func rawRound(b *testing.B, url string, topo amqp.Topology, msgs []outbox.Message) float64 {
+	conn, err := amqp091.Dial(url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	keys := make([]string, len(msgs))
+	pubs := make([]amqp091.Publishing, len(msgs))
+	for i, m := range msgs {
+		keys[i] = m.AggregateType + "." + m.EventType
+		pubs[i] = amqp091.Publishing{Headers: amqp091.Table{"x-event-id": m.EventID, "x-aggregate-type": m.AggregateType,
+			"x-aggregate-id": m.GroupID, "x-event-type": m.EventType, "x-tenant-id": "acme", "x-attempts": int32(0)},
+			ContentType: "application/json", DeliveryMode: amqp091.Persistent, MessageId: m.EventID, Type: m.EventType,
+			Timestamp: time.Now(), AppId: "fifobox", Body: m.Body}
+	}
+	var next sync.Mutex
+	pos := 0
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := 0; w < benchConcurrency; w++ {
+		ch, err := conn.Channel()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := ch.Confirm(false); err != nil {
+			b.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer ch.Close()
+			dcs := make([]*amqp091.DeferredConfirmation, 0, benchBatch)
+			for {
+				next.Lock()
+				lo := pos
+				pos = min(pos+benchBatch, len(msgs))
+				hi := pos
+				next.Unlock()
+				if lo >= hi {
+					return
+				}
+				dcs = dcs[:0]
+				for i := lo; i < hi; i++ {
+					dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), topo.Exchange.Name, keys[i], true, false, pubs[i])
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					dcs = append(dcs, dc)
+				}
+				for _, dc := range dcs {
+					if !dc.Wait() {
+						b.Error("nacked")
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return float64(len(msgs)) / time.Since(start).Seconds()
+}
+
+// BenchmarkLatency offers 100 and 1,000 events/s (one business transaction
+// each, over 500 aggregates) for FIFOBOX_BENCH_SECONDS (default 10) to the
+// whole pipeline (dispatcher with its defaults, holdco's three consumers
+// applying through the inbox) and reports commit-to-consume latency: from
+// the producer's COMMIT returning to a consumer's inbox transaction having
+// committed the event (every consumer's application is one sample).
+//
+//	go test -run '^$' -bench BenchmarkLatency -benchtime 1x ./pkg/transport/amqp/
+func BenchmarkLatency(b *testing.B) {
+	seconds := 10
+	if v, err := strconv.Atoi(os.Getenv("FIFOBOX_BENCH_SECONDS")); err == nil && v > 0 {
+		seconds = v
+	}
+	for _, rate := range []int{100, 1000} {
+		b.Run(fmt.Sprintf("%d-per-second", rate), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				latencyRun(b, rate, seconds)
+			}
+		})
+	}
+}
+
+func latencyRun(b *testing.B, rate, seconds int) {
+	topo := amqp.Holdco()
+	_, cfg := benchVhost(b, topo)
+	db := pgtest.New(b)
+	var mu sync.Mutex
+	committed := map[string]time.Time{}
+	var lat []time.Duration
+	settledAt := map[string][]time.Time{}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, c := range topo.Consumers {
+		// Each consumer has a pool of its own, as a separate process would.
+		pc, err := pgxpool.ParseConfig(db.URL)
+		if err != nil {
+			b.Fatal(err)
+		}
+		pc.MaxConns = int32(c.Workers)
+		if c.Workers == 0 {
+			pc.MaxConns = 8
+		}
+		pc.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+		pool, err := pgxpool.NewWithConfig(context.Background(), pc)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer pool.Close()
+		r, err := amqp.NewRunner(cfg, pool, func(context.Context, pgx.Tx, envelope.Envelope) error { return nil },
+			amqp.ConsumerConfig{Consumer: c.Name, OnSettle: func(s amqp.Settlement) {
+				now := time.Now()
+				if s.Action != amqp.ActionApplied {
+					return
+				}
+				mu.Lock()
+				settledAt[s.EventID] = append(settledAt[s.EventID], now)
+				mu.Unlock()
+			}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = r.Run(ctx) }()
+	}
+	pub, err := amqp.NewPublisher(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pub.Close()
+	d, err := outbox.NewDispatcher(db.Pool, pub, outbox.DispatcherConfig{Logger: quiet})
+	if err != nil {
+		b.Fatal(err)
+	}
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = d.Run(ctx) }()
+
+	total := rate * seconds
+	const producers = 8
+	want := 0
+	routes := (&pipeline{topo: topo}).routes
+	evs := make([]envelope.Envelope, total)
+	for i := range evs {
+		k := holdcoKinds[i%len(holdcoKinds)]
+		evs[i] = newEvent(k.typ, fmt.Sprintf("%s-%04d", k.typ, i%500), k.events[(i/500)%len(k.events)], 0)
+		want += len(routes(evs[i]))
+	}
+	var pw sync.WaitGroup
+	start := time.Now()
+	for p := 0; p < producers; p++ {
+		pw.Add(1)
+		go func() {
+			defer pw.Done()
+			for i := p; i < total; i += producers {
+				if wait := time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate))); wait > 0 {
+					time.Sleep(wait)
+				}
+				e := evs[i]
+				err := pgx.BeginFunc(context.Background(), db.Pool, func(tx pgx.Tx) error { return outbox.Enqueue(context.Background(), tx, e) })
+				now := time.Now()
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				mu.Lock()
+				committed[e.ID] = now
+				mu.Unlock()
+			}
+		}()
+	}
+	pw.Wait()
+	offered := float64(total) / time.Since(start).Seconds()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		mu.Lock()
+		n := 0
+		for _, ts := range settledAt {
+			n += len(ts)
+		}
+		mu.Unlock()
+		if n >= want || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	wg.Wait()
+
+	mu.Lock()
+	defer mu.Unlock()
+	for id, c := range committed {
+		for _, at := range settledAt[id] {
+			lat = append(lat, at.Sub(c))
+		}
+	}
+	if len(lat) != want {
+		b.Fatalf("%d of %d applications observed", len(lat), want)
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	pct := func(p float64) time.Duration { return lat[min(int(p*float64(len(lat))), len(lat)-1)] }
+	b.ReportMetric(float64(pct(0.50).Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(pct(0.99).Microseconds())/1000, "p99-ms")
+	b.ReportMetric(float64(lat[len(lat)-1].Microseconds())/1000, "max-ms")
+	fmt.Printf("\ncommit-to-consume latency, %d events/s offered (%.0f achieved) for %ds, holdco (3 consumers, %d applications)\n",
+		rate, offered, seconds, len(lat))
+	fmt.Printf("  p50 %s  p95 %s  p99 %s  max %s   (target p99 < 250ms)\n\n",
+		pct(0.50).Round(time.Millisecond), pct(0.95).Round(time.Millisecond), pct(0.99).Round(time.Millisecond), lat[len(lat)-1].Round(time.Millisecond))
+}
+
+// benchVhost is setup for benchmarks.
+func benchVhost(b *testing.B, topo amqp.Topology) (*amqptest.Vhost, amqp.Config) {
+	b.Helper()
+	v := amqptest.New(b)
+	cfg := amqp.Config{URL: v.URL, Topology: topo, Logger: quiet}
+	p, err := amqp.NewProvisioner(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := p.Provision(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	return v, cfg
+}
+
+// purge empties the topology's queues between rounds, so no round pays for
+// another's backlog.
+func purge(b *testing.B, url string, topo amqp.Topology) {
+	conn, err := amqp091.Dial(url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ch.Close()
+	for _, c := range topo.Consumers {
+		if _, err := ch.QueuePurge(c.QueueName(), false); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

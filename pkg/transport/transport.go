@@ -1,0 +1,148 @@
+package transport
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/fifobox/fifobox/pkg/inbox"
+	"github.com/fifobox/fifobox/pkg/outbox"
+)
+
+// Kind names a transport.
+type Kind string
+
+// The transports fifobox knows.
+const (
+	SNS      Kind = "sns"      // SNS FIFO topic, SQS FIFO queues (the default)
+	RabbitMQ Kind = "rabbitmq" // RabbitMQ or Amazon MQ for RabbitMQ (pkg/transport/amqp)
+	NATS     Kind = "nats"     // NATS JetStream
+)
+
+// EnvTransport is the environment variable that chooses the transport.
+const EnvTransport = "FIFOBOX_TRANSPORT"
+
+// ParseKind returns the Kind named by s; "" means SNS.
+func ParseKind(s string) (Kind, error) {
+	switch k := Kind(strings.ToLower(strings.TrimSpace(s))); k {
+	case "":
+		return SNS, nil
+	case SNS, RabbitMQ, NATS:
+		return k, nil
+	}
+	return "", fmt.Errorf("transport %q: must be sns, rabbitmq or nats", s)
+}
+
+// KindFromEnv reads FIFOBOX_TRANSPORT (default sns).
+func KindFromEnv() (Kind, error) {
+	k, err := ParseKind(os.Getenv(EnvTransport))
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", EnvTransport, err)
+	}
+	return k, nil
+}
+
+// Publisher is what the dispatcher publishes through. It is outbox.Publisher
+// itself, named here so each transport's four parts read together; see its
+// contract there (per-message results: nil once the broker acknowledged,
+// outbox.Permanent when no retry can help, any other error to retry).
+type Publisher = outbox.Publisher
+
+// Provisioner creates a transport's topology (exchanges, topics, streams,
+// queues, bindings, dead-letter and retry queues) from its definition as
+// data. Provision is idempotent: running it again against a broker that
+// already has the topology changes nothing, and it reports an existing
+// entity whose settings differ from the definition instead of silently
+// keeping or replacing it.
+type Provisioner interface {
+	Provision(ctx context.Context) error
+}
+
+// Runner consumes one consumer's messages and applies them through the
+// inbox until ctx is done, reconnecting on its own after broker outages.
+// It returns nil when ctx ends, or an error that retrying cannot fix
+// (configuration).
+type Runner interface {
+	Run(ctx context.Context) error
+}
+
+// QueueDepth is one consumer's queue figures, for `fifobox status` and alarms.
+// A figure the broker cannot report is -1.
+type QueueDepth struct {
+	// Consumer is the consumer's name (its inbox key).
+	Consumer string `json:"consumer"`
+	// Queue is the broker's name for the consumer's queue, stream consumer or subscription.
+	Queue string `json:"queue"`
+	// Ready counts messages waiting to be delivered.
+	Ready int64 `json:"ready"`
+	// InFlight counts messages delivered and not yet settled.
+	InFlight int64 `json:"in_flight"`
+	// Retrying counts messages waiting out a retry delay.
+	Retrying int64 `json:"retrying"`
+	// DLQ counts dead messages.
+	DLQ int64 `json:"dlq"`
+	// Consumers counts attached consumers (for single-active-consumer
+	// queues, one is active and the rest are standing by).
+	Consumers int `json:"consumers"`
+	// Error says why the figures are missing or partial.
+	Error string `json:"error,omitempty"`
+}
+
+// Operations are the operator's actions that depend on the broker. The
+// database side of each (audit rows, deleting inbox rows before a replay,
+// choosing which outbox rows to replay) stays in pkg/redrive.
+type Operations interface {
+	// Depths reports each named consumer's figures (every consumer when
+	// none is named).
+	Depths(ctx context.Context, consumers ...string) ([]QueueDepth, error)
+	// Redrive moves up to max messages from the consumer's dead-letter
+	// queue back to its queue, in the order they died, each with a fresh
+	// retry budget and without the dead-letter diagnostics. A crash midway
+	// may deliver a message twice; the inbox drops the copy.
+	Redrive(ctx context.Context, consumer string, max int) (moved int, err error)
+	// Replay sends stored events to one consumer only, in the order given
+	// (the caller orders them by aggregate and sequence and clears the
+	// consumer's inbox rows for them first, so they apply again).
+	Replay(ctx context.Context, consumer string, msgs []outbox.Message) (sent int, err error)
+}
+
+// Transport bundles one broker's implementations, so the wiring (Lambda
+// mains, the CLI, make local) chooses a broker in one place and uses the
+// same calls whichever it is.
+type Transport interface {
+	Kind() Kind
+	// Publisher is safe for the dispatcher's concurrent Publish calls.
+	Publisher() Publisher
+	Provisioner() Provisioner
+	Operations() Operations
+	// Consumer returns a runner applying the named consumer's messages
+	// with apply through the inbox in db.
+	Consumer(name string, db inbox.DB, apply inbox.Apply) (Runner, error)
+	// Close releases connections. Runners already returned stop on their own
+	// context, not on Close.
+	Close() error
+}
+
+// Duration is a time.Duration written in JSON as a Go duration string
+// ("1.5s", "5m"), so topologies kept as data stay readable.
+type Duration time.Duration
+
+// MarshalJSON writes d as a duration string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// UnmarshalJSON reads a duration string.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("duration: want a string such as \"1s\": %w", err)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("duration %q: %w", s, err)
+	}
+	*d = Duration(v)
+	return nil
+}

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Makes sure a RabbitMQ broker answers on 127.0.0.1:5672 for the tests and
+# make local (FIFOBOX_TRANSPORT=rabbitmq): installs Debian's rabbitmq-server
+# if it is missing, starts it (rabbitmq-server -detached) if it is not
+# running, and creates the vhosts fifobox uses, granting the guest user
+# (loopback only) everything in them:
+#   fifobox       make local (pkg/transport/amqp.DefaultURL)
+#   fifobox-test  a stable vhost for ad-hoc test runs
+# The Go tests create a vhost of their own per test (fifobox-test-<random>,
+# pkg/transport/amqp/amqptest) with rabbitmqctl and delete it afterwards, so
+# this script must leave rabbitmqctl usable (run as root, or via sudo).
+# It never restarts a running broker and never touches other vhosts.
+set -euo pipefail
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+ctl() { as_root rabbitmqctl -q "$@"; }
+running() { ctl status >/dev/null 2>&1; }
+
+if ! command -v rabbitmqctl >/dev/null 2>&1 && [ ! -x /usr/sbin/rabbitmqctl ]; then
+  echo "ensure-rabbitmq: RabbitMQ not installed; installing rabbitmq-server from Debian packages" >&2
+  as_root apt-get update -qq
+  # The package's post-install may try to start the service; without
+  # systemd that can fail harmlessly, and we start it below.
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq rabbitmq-server >/dev/null || true
+  command -v rabbitmqctl >/dev/null 2>&1 || [ -x /usr/sbin/rabbitmqctl ] ||
+    { echo "ensure-rabbitmq: installing rabbitmq-server failed" >&2; exit 1; }
+fi
+export PATH="$PATH:/usr/sbin"
+
+if ! running; then
+  echo "ensure-rabbitmq: starting RabbitMQ (rabbitmq-server -detached)" >&2
+  as_root rabbitmq-server -detached
+  for _ in $(seq 1 90); do running && break; sleep 1; done
+fi
+running || { echo "ensure-rabbitmq: RabbitMQ did not start (see /var/log/rabbitmq)" >&2; exit 1; }
+# The node answers rabbitmqctl before its AMQP listener is up.
+ctl await_startup >/dev/null 2>&1 || true
+for _ in $(seq 1 30); do (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null && break; sleep 1; done
+(exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null ||
+  { echo "ensure-rabbitmq: nothing listens on 127.0.0.1:5672" >&2; exit 1; }
+
+for vhost in fifobox fifobox-test; do
+  if ! ctl list_vhosts name | grep -qx "$vhost"; then
+    ctl add_vhost "$vhost" >/dev/null
+  fi
+  ctl set_permissions -p "$vhost" guest '.*' '.*' '.*' >/dev/null
+done
+echo "ensure-rabbitmq: RabbitMQ $(ctl eval 'rabbit_misc:version().' 2>/dev/null | tr -d '"') ready on 127.0.0.1:5672 (vhosts fifobox, fifobox-test)" >&2
