@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command (and CI's, via .ci/run). On a fresh machine it
-# installs and starts what the tests need: PostgreSQL (Debian package),
-# Node 22 and the fauxqs SNS/SQS emulator (npm), pgbouncer (Debian package),
+# installs and starts what the tests need: PostgreSQL and RabbitMQ (Debian
+# packages), Node 22 and the fauxqs SNS/SQS emulator (npm), pgbouncer (Debian package),
 # the pinned CDK CLI (npm). Then it runs every Go test of both modules.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +11,9 @@ step() { printf '\n==> %s\n' "$*"; }
 
 step "PostgreSQL"
 ./scripts/ensure-postgres.sh
+
+step "RabbitMQ (the AMQP transport's tests)"
+./scripts/ensure-rabbitmq.sh
 
 step "pgbouncer (for the transaction-pooling test)"
 if ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
