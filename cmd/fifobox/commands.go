@@ -346,10 +346,11 @@ func printStatus(a *app, s *redrive.Status) {
 	fmt.Fprintln(a.out, "outbox")
 	w := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "  pending\t%d\n", b.Pending)
-	fmt.Fprintf(w, "  in flight\t%d\n", b.InFlight)
-	fmt.Fprintf(w, "  oldest pending age\t%s\n", b.OldestPendingAge.Round(time.Millisecond))
-	fmt.Fprintf(w, "  dead\t%d\n", b.Dead)
-	fmt.Fprintf(w, "  parked aggregates\t%d\n", b.ParkedAggregates)
+	fmt.Fprintf(w, "  due (publishable now or in flight)\t%d events, %d aggregates in flight\n", b.DueEvents, b.InFlight)
+	fmt.Fprintf(w, "  publish lag (oldest due event)\t%s\n", b.OldestDueAge.Round(time.Millisecond))
+	fmt.Fprintf(w, "  backing off after a failed publish\t%d events, %d aggregates retrying\n", b.BackingOffEvents, b.RetryingAggregates)
+	fmt.Fprintf(w, "  parked behind dead events\t%d events, %d aggregates, %d dead\n", b.ParkedEvents, b.ParkedAggregates, b.Dead)
+	fmt.Fprintf(w, "  oldest unsent event\t%s\n", b.OldestPendingAge.Round(time.Millisecond))
 	_ = w.Flush()
 	if len(s.Queues) == 0 {
 		return

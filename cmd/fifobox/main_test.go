@@ -10,6 +10,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/fifobox/fifobox/pkg/outbox"
+	"github.com/fifobox/fifobox/pkg/redrive"
 )
 
 // fakeLambda serves the Lambda Invoke API: it records each request and
@@ -121,5 +125,20 @@ func TestFlagValidation(t *testing.T) {
 	}
 	if len(f.paths) != 0 {
 		t.Fatalf("invalid commands reached the Lambda: %v", f.paths)
+	}
+}
+
+// status separates what is due from what backs off and what is parked: each
+// has its own meaning (and its own alarm).
+func TestStatusShowsTheSplitBacklog(t *testing.T) {
+	var out bytes.Buffer
+	a := &app{out: &out, errOut: &out}
+	printStatus(a, &redrive.Status{Backlog: outbox.Backlog{Pending: 9, DueEvents: 3, InFlight: 1, BackingOffEvents: 2,
+		RetryingAggregates: 1, ParkedEvents: 4, ParkedAggregates: 2, Dead: 2, OldestDueAge: 1500 * time.Millisecond}})
+	for _, want := range []string{"3 events, 1 aggregates in flight", "1.5s",
+		"2 events, 1 aggregates retrying", "4 events, 2 aggregates, 2 dead"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("status lacks %q:\n%s", want, out.String())
+		}
 	}
 }
