@@ -367,26 +367,37 @@ $rebuild$;
 --            sent events) and their heads ready, due now: the aggregate
 --            resumes after them (a claim skips discarded events).
 -- +goose StatementBegin
-CREATE FUNCTION outbox_requeue_dead(event_ids uuid[], agg_type text, since timestamptz, until timestamptz)
-RETURNS bigint LANGUAGE sql VOLATILE AS $requeue$
+CREATE FUNCTION outbox_select_dead(event_ids uuid[], agg_type text, since timestamptz, until timestamptz)
+RETURNS SETOF bigint LANGUAGE sql STABLE AS $select$
+SELECT o.id FROM outbox o
+WHERE o.state = 'dead'
+  AND (cardinality(event_ids) = 0 OR o.event_id = ANY(event_ids))
+  AND (agg_type = '' OR o.aggregate_type = agg_type)
+  AND (since IS NULL OR o.created_at >= since)
+  AND (until IS NULL OR o.created_at < until)
+$select$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+CREATE FUNCTION outbox_lock_dead_heads(event_ids uuid[], agg_type text, since timestamptz, until timestamptz)
+RETURNS bigint LANGUAGE sql VOLATILE AS $lock$
 SELECT count(*) FROM (
     SELECT 1 FROM outbox_heads h
     WHERE (h.aggregate_type, h.aggregate_id) IN (
         SELECT o.aggregate_type, o.aggregate_id FROM outbox o
-        WHERE o.state = 'dead'
-          AND (cardinality(event_ids) = 0 OR o.event_id = ANY(event_ids))
-          AND (agg_type = '' OR o.aggregate_type = agg_type)
-          AND (since IS NULL OR o.created_at >= since)
-          AND (until IS NULL OR o.created_at < until))
+        WHERE o.id IN (SELECT outbox_select_dead(event_ids, agg_type, since, until)))
     ORDER BY h.aggregate_type, h.aggregate_id
-    FOR NO KEY UPDATE OF h) locked;
+    FOR NO KEY UPDATE OF h) locked
+$lock$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+CREATE FUNCTION outbox_requeue_dead(event_ids uuid[], agg_type text, since timestamptz, until timestamptz)
+RETURNS bigint LANGUAGE sql VOLATILE AS $requeue$
+SELECT outbox_lock_dead_heads(event_ids, agg_type, since, until);
 WITH ev AS (
     UPDATE outbox o SET state = 'pending', attempts = 0
-    WHERE o.state = 'dead'
-      AND (cardinality(event_ids) = 0 OR o.event_id = ANY(event_ids))
-      AND (agg_type = '' OR o.aggregate_type = agg_type)
-      AND (since IS NULL OR o.created_at >= since)
-      AND (until IS NULL OR o.created_at < until)
+    WHERE o.id IN (SELECT outbox_select_dead(event_ids, agg_type, since, until)) AND o.state = 'dead'
     RETURNING o.aggregate_type, o.aggregate_id, o.aggregate_seq
 ), heads AS (
     INSERT INTO outbox_heads AS h (aggregate_type, aggregate_id, next_seq)
@@ -403,26 +414,12 @@ $requeue$;
 -- +goose StatementBegin
 CREATE FUNCTION outbox_discard_dead(event_ids uuid[], agg_type text, since timestamptz, until timestamptz, reason text)
 RETURNS bigint LANGUAGE sql VOLATILE AS $discard$
-SELECT count(*) FROM (
-    SELECT 1 FROM outbox_heads h
-    WHERE (h.aggregate_type, h.aggregate_id) IN (
-        SELECT o.aggregate_type, o.aggregate_id FROM outbox o
-        WHERE o.state = 'dead'
-          AND (cardinality(event_ids) = 0 OR o.event_id = ANY(event_ids))
-          AND (agg_type = '' OR o.aggregate_type = agg_type)
-          AND (since IS NULL OR o.created_at >= since)
-          AND (until IS NULL OR o.created_at < until))
-    ORDER BY h.aggregate_type, h.aggregate_id
-    FOR NO KEY UPDATE OF h) locked;
+SELECT outbox_lock_dead_heads(event_ids, agg_type, since, until);
 WITH ev AS (
     UPDATE outbox o
     SET state = 'discarded', sent_at = now(),
         last_error = left(coalesce(o.last_error || ' | ', '') || 'discarded: ' || reason, 1000)
-    WHERE o.state = 'dead'
-      AND (cardinality(event_ids) = 0 OR o.event_id = ANY(event_ids))
-      AND (agg_type = '' OR o.aggregate_type = agg_type)
-      AND (since IS NULL OR o.created_at >= since)
-      AND (until IS NULL OR o.created_at < until)
+    WHERE o.id IN (SELECT outbox_select_dead(event_ids, agg_type, since, until)) AND o.state = 'dead'
     RETURNING o.aggregate_type, o.aggregate_id
 ), heads AS (
     UPDATE outbox_heads h
@@ -456,6 +453,8 @@ $noop$;
 -- +goose Down
 DROP FUNCTION outbox_discard_dead(uuid[], text, timestamptz, timestamptz, text);
 DROP FUNCTION outbox_requeue_dead(uuid[], text, timestamptz, timestamptz);
+DROP FUNCTION outbox_lock_dead_heads(uuid[], text, timestamptz, timestamptz);
+DROP FUNCTION outbox_select_dead(uuid[], text, timestamptz, timestamptz);
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION outbox_claim(batch_size bigint, claim_token uuid, lease_ms bigint, after_id bigint)
 RETURNS TABLE (id bigint, event_id text, aggregate_type text, aggregate_id text, aggregate_seq bigint,

@@ -60,6 +60,22 @@ func UpTo(ctx context.Context, pool *pgxpool.Pool, version int64) error {
 	return nil
 }
 
+// DownTo rolls the schema back to version (the Down sections, newest first).
+// For tests of the migrations themselves and for an operator undoing an
+// upgrade by hand; nothing in fifobox calls it.
+func DownTo(ctx context.Context, pool *pgxpool.Pool, version int64) error {
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	p, err := goose.NewProvider(goose.DialectPostgres, db, files, goose.WithTableName("fifobox_schema_version"))
+	if err != nil {
+		return fmt.Errorf("migrate down: %w", err)
+	}
+	if _, err := p.DownTo(ctx, version); err != nil {
+		return fmt.Errorf("migrate down: %w", err)
+	}
+	return nil
+}
+
 // Version returns the schema version currently applied (0 if none).
 func Version(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
 	db := stdlib.OpenDBFromPool(pool)

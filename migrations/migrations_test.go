@@ -37,3 +37,27 @@ func TestUpIsIdempotentAndConcurrent(t *testing.T) {
 		t.Fatalf("outbox table missing in schema %s: %v", db.Schema, err)
 	}
 }
+
+// Every Down section runs: from the newest version down to the first
+// migration's, and up again.
+func TestDownAndUpAgain(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	latest, err := migrations.Version(ctx, db.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.DownTo(ctx, db.Pool, 1); err != nil {
+		t.Fatalf("down from %d to 1: %v", latest, err)
+	}
+	if v, _ := migrations.Version(ctx, db.Pool); v != 1 {
+		t.Fatalf("version %d after down, want 1", v)
+	}
+	if err := migrations.Up(ctx, db.Pool); err != nil {
+		t.Fatalf("up again: %v", err)
+	}
+	if v, _ := migrations.Version(ctx, db.Pool); v != latest {
+		t.Fatalf("version %d after up, want %d", v, latest)
+	}
+}
