@@ -40,11 +40,7 @@ migrate: ## apply migrations to FIFOBOX_DATABASE_URL (default: local fifobox dat
 	$(GO) run ./cmd/fifobox migrate
 
 build: ## Lambda bootstrap binaries (linux/arm64) in build/lambda/<function>/bootstrap
-	@for f in $(FUNCTIONS); do \
-	  echo "build $$f"; \
-	  GOOS=linux GOARCH=arm64 CGO_ENABLED=0 $(GO) build -tags lambda.norpc -trimpath -ldflags='-s -w' \
-	    -o build/lambda/$$f/bootstrap ./functions/$$f || exit 1; \
-	done
+	GO=$(GO) ./scripts/build-lambda.sh build/lambda $(FUNCTIONS)
 
 synth: build ## cdk synth of all stacks (offline, no AWS account needed)
 	./infra/scripts/synth.sh

@@ -13,7 +13,6 @@ package main
 import (
 	"context"
 	"log/slog"
-	"os"
 
 	"github.com/aws/aws-lambda-go/lambda"
 
@@ -29,8 +28,7 @@ func main() {
 	log := lambdafn.Logger()
 	h, err := setup(context.Background(), log)
 	if err != nil {
-		log.Error("consumer init failed", "error", err.Error())
-		os.Exit(1)
+		lambdafn.InitFailed(log, "consumer", err)
 	}
 	lambda.Start(h.Handle)
 }

@@ -52,6 +52,10 @@ const (
 	FnRedrive    = "redrive"
 )
 
+// FunctionTag is the tag each function carries, valued with its bootstrap's
+// name (FnDispatcher, FnConsumer, FnRedrive).
+const FunctionTag = "fifobox:function"
+
 // DBPort is the PostgreSQL port of the cluster and of RDS Proxy.
 const DBPort = 5432
 

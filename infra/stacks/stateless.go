@@ -112,9 +112,14 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 		EnforceSSL:                jsii.Bool(true),
 	})
 
+	// Each function's environment is what its loaders declare
+	// (pkg/lambdafn/*.Env, pkg/db.Env, pkg/metrics.Env): the runtime contract
+	// tests (functions/runtimetest) fail on a variable set here that nothing
+	// reads, or a required one missing.
 	dbEnv, grantDB := databaseAccess(cfg, net)
+	metricsNamespace := jsii.String(cfg.Namespace())
 	common := func(extra map[string]*string) *map[string]*string {
-		env := map[string]*string{"FIFOBOX_METRICS_NAMESPACE": jsii.String(cfg.Namespace())}
+		env := map[string]*string{}
 		for k, v := range dbEnv {
 			env[k] = v
 		}
@@ -180,8 +185,9 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 			timeout:     float64(c.FunctionTimeoutSeconds),
 			memoryMB:    cfg.ConsumerMemoryMB,
 			env: common(map[string]*string{
-				"FIFOBOX_CONSUMER_NAME": jsii.String(c.Name),
-				"FIFOBOX_DLQ_URL":       cr.DLQ.QueueUrl(),
+				"FIFOBOX_CONSUMER_NAME":     jsii.String(c.Name),
+				"FIFOBOX_DLQ_URL":           cr.DLQ.QueueUrl(),
+				"FIFOBOX_METRICS_NAMESPACE": metricsNamespace,
 			}),
 		})
 		grantDB(role)
@@ -212,7 +218,7 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 		// The schedule invokes asynchronously; the next tick is the retry, so
 		// Lambda's own async retries would only stack invocations up.
 		asyncRetries: true,
-		env:          common(map[string]*string{"FIFOBOX_TOPIC_ARN": p.Topic.TopicArn()}),
+		env:          common(map[string]*string{"FIFOBOX_TOPIC_ARN": p.Topic.TopicArn(), "FIFOBOX_METRICS_NAMESPACE": metricsNamespace}),
 	})
 	grantDB(drole)
 	keyUse(drole, p.TopicKey)
@@ -415,5 +421,8 @@ func newFunction(stack awscdk.Stack, cfg Config, net *Network, id, dir string, o
 		}}, jsii.Bool(true))
 	}
 	fn := awslambda.NewFunction(stack, jsii.String(id), props)
+	// Names the bootstrap the function runs, for the tests that check each
+	// function's environment against what that binary reads.
+	awscdk.Tags_Of(fn).Add(jsii.String(FunctionTag), jsii.String(dir), nil)
 	return fn, role
 }

@@ -8,8 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 
+	"github.com/fifobox/fifobox/pkg/envspec"
 	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/metrics"
 )
@@ -37,9 +37,16 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// Env is every variable ConfigFromEnv reads (declare a new one here; the
+// runtime contract tests check the CDK template against this list).
+var Env = envspec.Set{
+	{Name: "FIFOBOX_CONSUMER_NAME", Required: true, Doc: "the consumer's name: inbox key, metric dimension, side effect"},
+	{Name: "FIFOBOX_DLQ_URL", Required: true, Doc: "the consumer queue's FIFO dead-letter queue URL"},
+}
+
 // ConfigFromEnv reads FIFOBOX_CONSUMER_NAME and FIFOBOX_DLQ_URL.
 func ConfigFromEnv() (Config, error) {
-	c := Config{Consumer: os.Getenv("FIFOBOX_CONSUMER_NAME"), DLQURL: os.Getenv("FIFOBOX_DLQ_URL")}
+	c := Config{Consumer: Env.Get("FIFOBOX_CONSUMER_NAME"), DLQURL: Env.Get("FIFOBOX_DLQ_URL")}
 	return c, c.Validate()
 }
 

@@ -16,11 +16,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"strconv"
 	"sync"
 	"time"
 
+	"github.com/fifobox/fifobox/pkg/envspec"
 	"github.com/fifobox/fifobox/pkg/metrics"
 	"github.com/fifobox/fifobox/pkg/outbox"
 )
@@ -71,13 +71,25 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// Env is every variable ConfigFromEnv reads (declare a new one here; the
+// runtime contract tests check the CDK template against this list).
+var Env = envspec.Set{
+	{Name: "FIFOBOX_TOPIC_ARN", Required: true, Doc: "the SNS FIFO topic's ARN"},
+	{Name: "FIFOBOX_BATCH_SIZE", Doc: "claim batch size (positive integer)"},
+	{Name: "FIFOBOX_PUBLISH_CONCURRENCY", Doc: "concurrent PublishBatch calls (positive integer)"},
+	{Name: "FIFOBOX_MAX_ATTEMPTS", Doc: "publish attempts before an event goes dead (positive integer)"},
+	{Name: "FIFOBOX_POLL_INTERVAL", Doc: "pause between claims when nothing is due (Go duration)"},
+	{Name: "FIFOBOX_DEADLINE_MARGIN", Doc: "time kept free before the invocation's deadline (Go duration)"},
+	{Name: "FIFOBOX_METRICS_INTERVAL", Doc: "how often metrics are emitted while running (Go duration, default 10s)"},
+}
+
 // ConfigFromEnv reads FIFOBOX_TOPIC_ARN (required) and the optional knobs: FIFOBOX_BATCH_SIZE,
 // FIFOBOX_PUBLISH_CONCURRENCY, FIFOBOX_MAX_ATTEMPTS, FIFOBOX_POLL_INTERVAL,
 // FIFOBOX_DEADLINE_MARGIN and FIFOBOX_METRICS_INTERVAL (durations such as
 // "50ms", "3s"). Unset ones keep their defaults; a bad value is an error
 // naming the variable.
 func ConfigFromEnv() (Config, error) {
-	c := Config{TopicARN: os.Getenv("FIFOBOX_TOPIC_ARN")}
+	c := Config{TopicARN: Env.Get("FIFOBOX_TOPIC_ARN")}
 	if c.TopicARN == "" {
 		return c, errors.New("FIFOBOX_TOPIC_ARN is required: the SNS FIFO topic's ARN")
 	}
@@ -90,7 +102,7 @@ func ConfigFromEnv() (Config, error) {
 		{"FIFOBOX_MAX_ATTEMPTS", &c.Dispatcher.MaxAttempts},
 	}
 	for _, v := range ints {
-		if s := os.Getenv(v.name); s != "" {
+		if s := Env.Get(v.name); s != "" {
 			n, err := strconv.Atoi(s)
 			if err != nil || n < 1 {
 				return c, fmt.Errorf("%s=%q: want a positive integer", v.name, s)
@@ -107,7 +119,7 @@ func ConfigFromEnv() (Config, error) {
 		{"FIFOBOX_METRICS_INTERVAL", &c.MetricsInterval},
 	}
 	for _, v := range durs {
-		if s := os.Getenv(v.name); s != "" {
+		if s := Env.Get(v.name); s != "" {
 			d, err := time.ParseDuration(s)
 			if err != nil || d <= 0 {
 				return c, fmt.Errorf("%s=%q: want a positive duration such as 500ms or 3s", v.name, s)
