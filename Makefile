@@ -23,7 +23,7 @@ test-go: ## application module tests only (expects PostgreSQL and the emulator u
 test-containers: ## tests with PostgreSQL and Floci/LocalStack in Docker (testcontainers-go), no local services needed
 	FIFOBOX_TESTCONTAINERS=1 $(GO) test -tags testcontainers -count=1 ./...
 
-test-infra: ## CDK assertion + cdk-nag tests (infra/ module)
+test-infra: ## CDK assertions, cdk-nag and cfn-guard (AWS Control Tower rules) tests (infra/ module)
 	./infra/scripts/test.sh
 
 bench: ## benchmarks: dispatcher vs raw SQL limit, publisher, consumer
