@@ -150,13 +150,17 @@ func (d *deployment) resource(t *testing.T) resolver {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
+			arn := "arn:aws:sqs:us-east-1:000000000000:" + prefix + name
+			if got, err := d.em.SQS.GetQueueUrl(ctx, &sqs.GetQueueUrlInput{QueueName: aws.String(prefix + name)}); err == nil {
+				return pick(attr, *got.QueueUrl, arn) // provisioned with the topology, under another field
+			}
 			out, err := d.em.SQS.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(prefix + name),
 				Attributes: map[string]string{"FifoQueue": strconv.FormatBool(strings.HasSuffix(name, ".fifo"))}})
 			if err != nil {
 				return "", err
 			}
 			t.Cleanup(func() { _, _ = d.em.SQS.DeleteQueue(context.Background(), &sqs.DeleteQueueInput{QueueUrl: out.QueueUrl}) })
-			return pick(attr, *out.QueueUrl, "arn:aws:sqs:us-east-1:000000000000:"+prefix+name)
+			return pick(attr, *out.QueueUrl, arn)
 		}
 		return "", fmt.Errorf("no test resource for %s (%s)", id, r.Type)
 	}

@@ -100,9 +100,10 @@ func TestHelperUser(t *testing.T) {
 
 // user is a child process using the emulator on port through Endpoint.
 type user struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	out   *strings.Builder
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	out    *strings.Builder // its stderr: complete once exit returns
+	exited bool
 }
 
 func startUser(t *testing.T, port int) *user {
@@ -130,7 +131,12 @@ func startUser(t *testing.T, port int) *user {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	t.Cleanup(func() {
+		if !u.exited {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
 	sc := bufio.NewScanner(stdout)
 	for sc.Scan() {
 		if strings.HasPrefix(sc.Text(), "endpoint ") {
@@ -143,12 +149,17 @@ func startUser(t *testing.T, port int) *user {
 	return nil
 }
 
-func (u *user) exit(t *testing.T) {
+// exit ends the helper and returns what it wrote to stderr (Endpoint's
+// note of which emulator it used).
+func (u *user) exit(t *testing.T) string {
 	t.Helper()
 	u.stdin.Close()
-	if err := u.cmd.Wait(); err != nil {
+	err := u.cmd.Wait()
+	u.exited = true
+	if err != nil {
 		t.Fatalf("helper: %v\n%s", err, u.out)
 	}
+	return u.out.String()
 }
 
 func gone(port int, within time.Duration) bool {
@@ -174,18 +185,16 @@ func TestStartedEmulatorStopsWithItsLastUser(t *testing.T) {
 		}
 	})
 	a := startUser(t, port)
-	if !strings.Contains(a.out.String(), "started fauxqs") {
-		t.Fatalf("first user did not start the emulator:\n%s", a.out)
-	}
 	b := startUser(t, port)
-	if !strings.Contains(b.out.String(), "using the emulator tests started") {
-		t.Errorf("second user did not join the first one's emulator:\n%s", b.out)
+	if out := a.exit(t); !strings.Contains(out, "started fauxqs") {
+		t.Fatalf("first user did not start the emulator:\n%s", out)
 	}
-	a.exit(t)
 	if gone(port, 3*time.Second) {
 		t.Fatalf("the emulator stopped while a user was still running")
 	}
-	b.exit(t)
+	if out := b.exit(t); !strings.Contains(out, "using the emulator tests started") {
+		t.Errorf("second user did not join the first one's emulator:\n%s", out)
+	}
 	if !gone(port, 10*time.Second) {
 		t.Fatalf("the emulator is still running 10 s after its last user ended")
 	}
@@ -210,10 +219,9 @@ func TestForeignEmulatorIsNeverStopped(t *testing.T) {
 		_ = os.Remove(filepath.Join(RepoRoot(), "localstack", fmt.Sprintf(".emulator-%d.log", port)))
 	})
 	u := startUser(t, port)
-	if !strings.Contains(u.out.String(), "already running") {
-		t.Errorf("user did not use the running emulator:\n%s", u.out)
+	if out := u.exit(t); !strings.Contains(out, "already running") {
+		t.Errorf("user did not use the running emulator:\n%s", out)
 	}
-	u.exit(t)
 	if gone(port, 3*time.Second) {
 		t.Fatalf("a test stopped an emulator it did not start")
 	}
