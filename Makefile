@@ -23,7 +23,7 @@ test-go: ## application module tests only (expects PostgreSQL and the emulator u
 test-containers: ## tests with PostgreSQL and Floci/LocalStack in Docker (testcontainers-go), no local services needed
 	FIFOBOX_TESTCONTAINERS=1 $(GO) test -tags testcontainers -count=1 ./...
 
-test-infra: ## CDK assertion + cdk-nag tests (infra/ module)
+test-infra: ## CDK assertions, cdk-nag and cfn-guard (AWS Control Tower rules) tests (infra/ module)
 	./infra/scripts/test.sh
 
 bench: ## benchmarks: dispatcher vs raw SQL limit, publisher, consumer
@@ -41,11 +41,7 @@ migrate: ## apply migrations to FIFOBOX_DATABASE_URL (default: local fifobox dat
 	$(GO) run ./cmd/fifobox migrate
 
 build: ## Lambda bootstrap binaries (linux/arm64) in build/lambda/<function>/bootstrap
-	@for f in $(FUNCTIONS); do \
-	  echo "build $$f"; \
-	  GOOS=linux GOARCH=arm64 CGO_ENABLED=0 $(GO) build -tags lambda.norpc -trimpath -ldflags='-s -w' \
-	    -o build/lambda/$$f/bootstrap ./functions/$$f || exit 1; \
-	done
+	GO=$(GO) ./scripts/build-lambda.sh build/lambda $(FUNCTIONS)
 
 synth: build ## cdk synth of all stacks (offline, no AWS account needed)
 	./infra/scripts/synth.sh

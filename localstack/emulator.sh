@@ -46,7 +46,7 @@ install() {
 start() {
   if healthy; then echo "emulator: already running on 127.0.0.1:$port" >&2; return; fi
   install
-  FIFOBOX_EMULATOR_PORT="$port" nohup "$node" "$here/launcher.mjs" >"$logfile" 2>&1 &
+  FIFOBOX_EMULATOR_PORT="$port" FIFOBOX_EMULATOR_PIDFILE="$pidfile" nohup "$node" "$here/launcher.mjs" >"$logfile" 2>&1 &
   echo $! >"$pidfile"
   for _ in $(seq 1 100); do
     if healthy; then echo "emulator: fauxqs $("$node" -p 'require("'"$here"'/node_modules/fauxqs/package.json").version') on Node $("$node" --version) at http://127.0.0.1:$port" >&2; return; fi
@@ -56,9 +56,18 @@ start() {
   echo "emulator: did not become healthy; log:" >&2; cat "$logfile" >&2; exit 1
 }
 
+# ours: the pid runs this directory's launcher (a stale pidfile may name a
+# pid the system has since given to another process).
+ours() { tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | grep -qF "$here/launcher.mjs"; }
+
 stop() {
   if [ -f "$pidfile" ]; then
     pid="$(cat "$pidfile")"
+    if ! ours "$pid"; then
+      rm -f "$pidfile"
+      echo "emulator: not running (stale pidfile removed)" >&2
+      return
+    fi
     kill "$pid" 2>/dev/null || true
     for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -9 "$pid" 2>/dev/null || true

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The README's test command (and CI's, via .ci/run). On a fresh machine it
 # installs and starts what the tests need: PostgreSQL and RabbitMQ (Debian
-# packages), Node 22 and the fauxqs SNS/SQS emulator (npm), pgbouncer (Debian package),
-# the pinned CDK CLI (npm). Then it runs every Go test of both modules.
+# packages), Node 22 and the fauxqs SNS/SQS emulator (npm), pgbouncer (Debian
+# package), the pinned CDK CLI and cfn-guard (npm). It synthesises the CDK
+# templates (the runtime contract tests check each function's environment
+# against them), then runs every Go test of both modules. An emulator that
+# was already running is used and left running; one this script starts, it stops.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CDK_DISABLE_CLI_TELEMETRY=true
@@ -23,18 +26,29 @@ fi
 
 step "SNS/SQS emulator"
 ./localstack/emulator.sh install   # even if one is running: the outage test starts its own
-./localstack/emulator.sh start
-trap './localstack/emulator.sh stop >/dev/null 2>&1 || true' EXIT
+started_emulator=0
+if ! ./localstack/emulator.sh status >/dev/null 2>&1; then
+  ./localstack/emulator.sh start
+  started_emulator=1
+else
+  echo "emulator: using the one already running on 127.0.0.1:${FIFOBOX_EMULATOR_PORT:-4566}"
+fi
+trap 'if [ "$started_emulator" = 1 ]; then ./localstack/emulator.sh stop >/dev/null 2>&1 || true; fi' EXIT
 # shellcheck disable=SC1091
 source ./localstack/env.sh
 
 step "go vet"
 go vet ./...
 
+step "Lambda bootstraps and CDK templates (for the runtime contract tests)"
+./scripts/build-lambda.sh build/lambda
+./infra/scripts/synth.sh
+export FIFOBOX_REQUIRE_SYNTH=1
+
 step "go test (application module)"
 go test -count=1 -timeout 30m ./...
 
 if [ -x ./infra/scripts/test.sh ]; then
-  step "go test (infra module: CDK assertions and cdk-nag)"
+  step "go test (infra module: CDK assertions, cdk-nag, cfn-guard)"
   ./infra/scripts/test.sh
 fi

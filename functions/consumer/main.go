@@ -16,7 +16,6 @@ package main
 import (
 	"context"
 	"log/slog"
-	"os"
 
 	"github.com/aws/aws-lambda-go/lambda"
 
@@ -32,8 +31,7 @@ func main() {
 	log := lambdafn.Logger()
 	h, err := setup(context.Background(), log)
 	if err != nil {
-		log.Error("consumer init failed", "error", err.Error())
-		os.Exit(1)
+		lambdafn.InitFailed(log, "consumer", err)
 	}
 	lambda.Start(h.Handle)
 }

@@ -13,7 +13,6 @@ package main
 
 import (
 	"context"
-	"os"
 
 	"github.com/aws/aws-lambda-go/lambda"
 
@@ -28,8 +27,7 @@ func main() {
 	log := lambdafn.Logger()
 	h, err := setup(context.Background())
 	if err != nil {
-		log.Error("dispatcher init failed", "error", err.Error())
-		os.Exit(1)
+		lambdafn.InitFailed(log, "dispatcher", err)
 	}
 	lambda.Start(h.Handle)
 }

@@ -17,7 +17,6 @@ package main
 import (
 	"context"
 	"log/slog"
-	"os"
 
 	"github.com/aws/aws-lambda-go/lambda"
 
@@ -31,8 +30,7 @@ func main() {
 	log := lambdafn.Logger()
 	h, err := setup(context.Background(), log)
 	if err != nil {
-		log.Error("redrive init failed", "error", err.Error())
-		os.Exit(1)
+		lambdafn.InitFailed(log, "redrive", err)
 	}
 	lambda.Start(h) // Handler.Invoke: an empty payload runs the default operation
 }
@@ -42,7 +40,7 @@ func setup(ctx context.Context, log *slog.Logger) (*handler.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	queues, err := redrive.QueuesFromEnv()
+	queues, err := redrive.ParseQueues(handler.Env.Get("FIFOBOX_QUEUES"))
 	if err != nil {
 		return nil, err
 	}

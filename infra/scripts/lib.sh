@@ -2,19 +2,21 @@
 # shellcheck shell=bash
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 INFRA="$ROOT/infra"
-TOOLS="$ROOT/.tools"   # package.json + package-lock.json pin aws-cdk, aws-cdk-local, node 22
+TOOLS="$ROOT/.tools"   # package.json + package-lock.json pin aws-cdk, aws-cdk-local, cfn-guard (+ Control Tower rules), node 22
+GUARD="$TOOLS/node_modules/@cdklabs/cdk-validator-cfnguard"
 export CDK_DISABLE_CLI_TELEMETRY=true
 
 log() { printf 'infra: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
 
-# install_tools: npm ci of .tools (CDK CLI, cdklocal, Node 22) if missing.
+# install_tools: npm ci of .tools (CDK CLI, cdklocal, cfn-guard with AWS
+# Control Tower's rules, Node 22) if any is missing.
 install_tools() {
-  if [ -x "$TOOLS/node_modules/.bin/cdk" ] && [ -x "$TOOLS/node_modules/node/bin/node" ]; then
+  if [ -x "$TOOLS/node_modules/.bin/cdk" ] && [ -x "$TOOLS/node_modules/node/bin/node" ] && [ -d "$GUARD/rules" ]; then
     return
   fi
-  command -v npm >/dev/null || die "npm is required to install the pinned CDK CLI and Node 22 (.tools/package-lock.json)"
-  log "installing the pinned CDK CLI and Node 22 into .tools (npm ci)"
+  command -v npm >/dev/null || die "npm is required to install the pinned CDK CLI, cfn-guard and Node 22 (.tools/package-lock.json)"
+  log "installing the pinned CDK CLI, cfn-guard and Node 22 into .tools (npm ci)"
   npm ci --prefix "$TOOLS" --no-audit --no-fund --loglevel=error >&2
 }
 

@@ -12,26 +12,34 @@ import (
 
 // Alarm names (after the "<Prefix>-" prefix). Consumer alarms add "-<consumer>".
 const (
-	AlarmOldestPendingAge  = "OutboxOldestPendingAge"
-	AlarmOutboxBacklog     = "OutboxBacklog"
+	AlarmPublishLag        = "OutboxPublishLag"
+	AlarmDueBacklog        = "OutboxDueBacklog"
+	AlarmPublishRetrying   = "OutboxPublishRetrying"
+	AlarmBackingOffEvents  = "OutboxBackingOffEvents"
+	AlarmParkedEvents      = "OutboxParkedEvents"
 	AlarmDeadEvents        = "OutboxDeadEvents"
 	AlarmParkedAggregates  = "OutboxParkedAggregates"
 	AlarmDispatcherErrors  = "DispatcherErrors"
 	AlarmDispatcherThrottl = "DispatcherThrottles"
 	AlarmScheduleDLQ       = "DispatcherScheduleDLQ"
 	AlarmOperationsErrors  = "OperationsErrors"
+	AlarmDeliveryFailed    = "TopicDeliveryFailed"
+	AlarmDeliveryLost      = "TopicDeliveryLost"
 	AlarmConsumerLag       = "ConsumerLag"
 	AlarmConsumerFailures  = "ConsumerFailures"
 	AlarmConsumerErrors    = "ConsumerErrors"
+	AlarmConsumerThrottles = "ConsumerThrottles"
 	AlarmQueueAge          = "QueueOldestMessageAge"
 	AlarmDLQMessages       = "DLQMessages"
+	AlarmSubscriptionDLQ   = "SubscriptionDLQMessages"
 )
 
 type alarmSpec struct {
 	name, description string
 	metric            awscloudwatch.IMetric
 	threshold         float64
-	periods           float64 // evaluation periods; all must breach
+	periods           float64 // evaluation periods
+	datapoints        float64 // breaching datapoints among them that fire the alarm; 0: all
 	missing           awscloudwatch.TreatMissingData
 }
 
@@ -51,6 +59,18 @@ func consumerMetric(cfg Config, consumer, name, stat string, period float64) aws
 		DimensionsMap: &map[string]*string{DimConsumer: jsii.String(consumer)},
 		Statistic:     jsii.String(stat), Period: awscdk.Duration_Seconds(jsii.Number(period)),
 	})
+}
+
+func datapoints(s alarmSpec) float64 {
+	if s.datapoints > 0 {
+		return s.datapoints
+	}
+	return s.periods
+}
+
+// maximum is an SQS metric's Maximum over periods of the given minutes.
+func maximum(metric func(*awscloudwatch.MetricOptions) awscloudwatch.Metric, periodMinutes float64) awscloudwatch.Metric {
+	return metric(&awscloudwatch.MetricOptions{Statistic: jsii.String("Maximum"), Period: awscdk.Duration_Minutes(jsii.Number(periodMinutes))})
 }
 
 func minutes(n float64) *awscloudwatch.MetricOptions {
@@ -90,57 +110,91 @@ func newAlarms(stack awscdk.Stack, cfg Config, p *Pipeline) {
 	}
 
 	specs := []alarmSpec{
-		// The dispatcher emits these gauges every few seconds while it runs, and
-		// it runs all the time (scheduled every minute, polling until its
-		// deadline). Missing data therefore means the dispatcher is not running
-		// or cannot reach the database: BREACHING, so that silence alarms.
-		{AlarmOldestPendingAge, "Oldest unsent outbox event is older than the threshold (or the dispatcher reports nothing)",
-			dispatcherMetric(cfg, MetricOldestPendingAgeSeconds, "Maximum", 60), th.OldestPendingAgeSeconds, 3, awscloudwatch.TreatMissingData_BREACHING},
-		{AlarmOutboxBacklog, "Pending outbox events above the threshold (or the dispatcher reports nothing)",
-			dispatcherMetric(cfg, MetricOutboxBacklog, "Maximum", 60), th.OutboxBacklog, 3, awscloudwatch.TreatMissingData_BREACHING},
+		// The dispatcher emits its backlog gauges every metrics interval
+		// (FIFOBOX_METRICS_INTERVAL, default 10 s) while it runs, and it runs
+		// all the time (scheduled every minute, polling until its deadline).
+		// Missing data on the two "is publishing keeping up" alarms therefore
+		// means the dispatcher is not running or cannot reach the database:
+		// BREACHING, so that silence alarms.
+		{name: AlarmPublishLag, description: "Events that could be published now wait longer than the threshold (the oldest due event's age; dead, parked and backing-off events excluded), or the dispatcher reports nothing",
+			metric: dispatcherMetric(cfg, MetricOldestDueAgeSeconds, "Maximum", 60), threshold: th.PublishLagSeconds, periods: 3, missing: awscloudwatch.TreatMissingData_BREACHING},
+		{name: AlarmDueBacklog, description: "More events are due for publishing than the threshold: the dispatcher is not keeping up (or reports nothing)",
+			metric: dispatcherMetric(cfg, MetricDueEvents, "Maximum", 60), threshold: th.DueBacklog, periods: 3, missing: awscloudwatch.TreatMissingData_BREACHING},
+		// Retryable publish failures (throttling, 5xx, network, KMS, a VPC
+		// endpoint) keep retrying for hours (FIFOBOX_RETRY_FOR) instead of
+		// going dead: this is the alarm that reports an SNS, KMS or endpoint
+		// outage or a lost permission while nothing is lost yet. Five minutes
+		// in a row, so a passing throttle does not page anyone. Missing data:
+		// keep the state (a silent dispatcher fires the two above).
+		{name: AlarmPublishRetrying, description: "Publishing is failing and events are retrying (aggregates whose head waits out a retry backoff) for 5 minutes: check the dispatcher's logs for the error (SNS, KMS, VPC endpoint, permissions); the events go dead only after FIFOBOX_RETRY_FOR",
+			metric: dispatcherMetric(cfg, MetricRetryingAggregates, "Maximum", 60), threshold: th.RetryingAggregates, periods: 5, missing: awscloudwatch.TreatMissingData_IGNORE},
+		{name: AlarmBackingOffEvents, description: "More events than the threshold wait behind aggregates whose head is retrying: the publish failures hold back a large part of the traffic",
+			metric: dispatcherMetric(cfg, MetricBackingOffEvents, "Maximum", 60), threshold: th.BackingOffEvents, periods: 5, missing: awscloudwatch.TreatMissingData_IGNORE},
 		// Dead and parked counts do not go away when the metric stops: keep the
-		// last state (IGNORE); a silent dispatcher is reported by the two above.
-		{AlarmDeadEvents, "Outbox events exhausted their publish attempts (state=dead): inspect with `fifobox dead-list`",
-			dispatcherMetric(cfg, MetricDeadEvents, "Maximum", 300), th.DeadEvents, 1, awscloudwatch.TreatMissingData_IGNORE},
-		{AlarmParkedAggregates, "Aggregates are held back behind a dead event: later events of the aggregate are not published",
-			dispatcherMetric(cfg, MetricParkedAggregates, "Maximum", 300), th.ParkedAggregates, 1, awscloudwatch.TreatMissingData_IGNORE},
+		// last state (IGNORE); a silent dispatcher is reported by the lag and
+		// due-backlog alarms.
+		{name: AlarmDeadEvents, description: "Outbox events could not be published (state=dead: a permanent error, or retries exhausted): inspect with `fifobox dead list`, then requeue",
+			metric: dispatcherMetric(cfg, MetricDeadEvents, "Maximum", 300), threshold: th.DeadEvents, periods: 1, missing: awscloudwatch.TreatMissingData_IGNORE},
+		{name: AlarmParkedAggregates, description: "Aggregates are held back behind a dead event: their later events are not published until it is requeued",
+			metric: dispatcherMetric(cfg, MetricParkedAggregates, "Maximum", 300), threshold: th.ParkedAggregates, periods: 1, missing: awscloudwatch.TreatMissingData_IGNORE},
+		{name: AlarmParkedEvents, description: "More events than the threshold are held behind dead events (the dead ones included): the parked part of the backlog keeps growing",
+			metric: dispatcherMetric(cfg, MetricParkedEvents, "Maximum", 300), threshold: th.ParkedEvents, periods: 1, missing: awscloudwatch.TreatMissingData_IGNORE},
 		// Lambda publishes Errors/Throttles only for invocations that happen; no
-		// data = nothing failed (a dispatcher that never runs trips the backlog
-		// and age alarms instead): NOT_BREACHING.
-		{AlarmDispatcherErrors, "Dispatcher invocations failed",
-			p.Dispatcher.MetricErrors(minutes(5)), th.DispatcherErrors, 1, awscloudwatch.TreatMissingData_NOT_BREACHING},
-		{AlarmDispatcherThrottl, "Dispatcher invocations were throttled (reserved concurrency exhausted)",
-			p.Dispatcher.MetricThrottles(minutes(5)), th.DispatcherThrottles, 1, awscloudwatch.TreatMissingData_NOT_BREACHING},
-		// SQS stops publishing metrics of idle queues: missing = empty = fine.
+		// data = nothing failed (a dispatcher that never runs trips the lag and
+		// due-backlog alarms instead): NOT_BREACHING.
+		{name: AlarmDispatcherErrors, description: "Dispatcher invocations failed (an error, a timeout or a crash): see the dispatcher function's logs",
+			metric: p.Dispatcher.MetricErrors(minutes(5)), threshold: th.DispatcherErrors, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
+		{name: AlarmDispatcherThrottl, description: "Dispatcher invocations were throttled (reserved concurrency exhausted)",
+			metric: p.Dispatcher.MetricThrottles(minutes(5)), threshold: th.DispatcherThrottles, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
 		// The operations (redrive) function runs the daily prune and operator
 		// commands; a failure of either should be looked at.
-		{AlarmOperationsErrors, "Operations function failed (the daily prune, a migration or an operator command): see its logs and the redrive_audit table",
-			p.Redrive.MetricErrors(minutes(5)), th.OperationsErrors, 1, awscloudwatch.TreatMissingData_NOT_BREACHING},
-		{AlarmScheduleDLQ, "EventBridge Scheduler could not invoke the dispatcher or the daily prune",
-			p.ScheduleDLQ.MetricApproximateNumberOfMessagesVisible(&awscloudwatch.MetricOptions{Statistic: jsii.String("Maximum"), Period: awscdk.Duration_Minutes(jsii.Number(5))}),
-			th.ScheduleDLQVisibleMessages, 1, awscloudwatch.TreatMissingData_NOT_BREACHING},
+		{name: AlarmOperationsErrors, description: "Operations function failed (the daily prune, a migration or an operator command): see its logs and the redrive_audit table",
+			metric: p.Redrive.MetricErrors(minutes(5)), threshold: th.OperationsErrors, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
+		// SQS stops publishing metrics of idle queues: missing = empty = fine.
+		{name: AlarmScheduleDLQ, description: "EventBridge Scheduler could not invoke the dispatcher or the daily prune",
+			metric:    p.ScheduleDLQ.MetricApproximateNumberOfMessagesVisible(&awscloudwatch.MetricOptions{Statistic: jsii.String("Maximum"), Period: awscdk.Duration_Minutes(jsii.Number(5))}),
+			threshold: th.ScheduleDLQVisibleMessages, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
+		// The dispatcher marks an event sent once SNS accepts it; what SNS then
+		// fails to deliver to a queue goes to that subscription's DLQ (alarmed
+		// per consumer below). SNS publishes these only when it delivers:
+		// missing = nothing failed.
+		{name: AlarmDeliveryFailed, description: "SNS could not deliver events to a subscribed queue (a disabled key, a changed queue policy, a deleted queue): they are in the subscription DLQs; fix the cause, then `fifobox redrive`",
+			metric: p.Topic.MetricNumberOfNotificationsFailed(&awscloudwatch.MetricOptions{Statistic: jsii.String("Sum"), Period: awscdk.Duration_Minutes(jsii.Number(5))}),
+			threshold: th.DeliveryFailures, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
+		{name: AlarmDeliveryLost, description: "SNS could neither deliver events nor move them to the subscription DLQ: those events are lost for that consumer; replay them from the outbox (`fifobox replay`) once the DLQ is reachable",
+			metric: p.Topic.Metric(jsii.String("NumberOfNotificationsFailedToRedriveToDlq"), &awscloudwatch.MetricOptions{Statistic: jsii.String("Sum"), Period: awscdk.Duration_Minutes(jsii.Number(5))}),
+			threshold: th.DeliveryLost, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
 	}
 	for _, cr := range p.Consumers {
 		n := cr.Consumer.Name
 		specs = append(specs,
-			// Consumers emit only when they receive messages: an idle consumer
-			// has no lag. A stuck one shows in the queue age alarm.
-			alarmSpec{AlarmConsumerLag + "-" + n, "Consumer " + n + " processes events later than the threshold after they occurred",
-				consumerMetric(cfg, n, MetricConsumerLagSeconds, "Maximum", 60), th.ConsumerLagSeconds, 3, awscloudwatch.TreatMissingData_NOT_BREACHING},
-			alarmSpec{AlarmConsumerFailures + "-" + n, "Consumer " + n + " failed records (retried by SQS, then dead-lettered)",
-				consumerMetric(cfg, n, MetricFailures, "Sum", 300), th.ConsumerFailures, 1, awscloudwatch.TreatMissingData_NOT_BREACHING},
-			alarmSpec{AlarmConsumerErrors + "-" + n, "Consumer function " + n + " failed whole batches",
-				cr.Function.MetricErrors(minutes(5)), th.ConsumerErrors, 1, awscloudwatch.TreatMissingData_NOT_BREACHING},
+			// Consumers emit lag only with the batches they process. One
+			// datapoint over 5 minutes fires, so a consumer that sees one late
+			// batch an hour alarms too; no batches = no lag (NOT_BREACHING: a
+			// stuck consumer shows in the queue age alarm).
+			alarmSpec{name: AlarmConsumerLag + "-" + n, description: "Consumer " + n + " processed an event later than the threshold after it occurred",
+				metric: consumerMetric(cfg, n, MetricConsumerLagSeconds, "Maximum", 300), threshold: th.ConsumerLagSeconds, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
+			alarmSpec{name: AlarmConsumerFailures + "-" + n, description: "Consumer " + n + " failed records (retried by SQS, then dead-lettered)",
+				metric: consumerMetric(cfg, n, MetricFailures, "Sum", 300), threshold: th.ConsumerFailures, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
+			alarmSpec{name: AlarmConsumerErrors + "-" + n, description: "Consumer function " + n + " failed whole batches",
+				metric: cr.Function.MetricErrors(minutes(5)), threshold: th.ConsumerErrors, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
+			// A throttled SQS invocation puts its batch back for a visibility
+			// timeout and still counts a receive: enough of them dead-letter
+			// healthy messages (maxReceiveCount).
+			alarmSpec{name: AlarmConsumerThrottles + "-" + n, description: "Consumer function " + n + " was throttled (account or function concurrency exhausted): its messages wait a visibility timeout and use up receives toward the DLQ",
+				metric: cr.Function.MetricThrottles(minutes(5)), threshold: th.ConsumerThrottles, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
 			// Idle queues emit no SQS metrics: missing = nothing waiting.
-			alarmSpec{AlarmQueueAge + "-" + n, "Queue " + cfg.ResourceName(cr.Consumer.QueueName()) + " holds a message older than the threshold",
-				cr.Queue.MetricApproximateAgeOfOldestMessage(&awscloudwatch.MetricOptions{Statistic: jsii.String("Maximum"), Period: awscdk.Duration_Minutes(jsii.Number(1))}),
-				th.QueueOldestMessageAgeSeconds, 3, awscloudwatch.TreatMissingData_NOT_BREACHING},
-			alarmSpec{AlarmDLQMessages + "-" + n, "Dead-letter queue " + cfg.ResourceName(cr.Consumer.DLQName()) + " holds messages: inspect, then redrive with `fifobox dlq-redrive`",
-				cr.DLQ.MetricApproximateNumberOfMessagesVisible(&awscloudwatch.MetricOptions{Statistic: jsii.String("Maximum"), Period: awscdk.Duration_Minutes(jsii.Number(5))}),
-				th.DLQVisibleMessages, 1, awscloudwatch.TreatMissingData_NOT_BREACHING},
+			alarmSpec{name: AlarmQueueAge + "-" + n, description: "Queue " + cfg.ResourceName(cr.Consumer.QueueName()) + " holds a message older than the threshold",
+				metric:    maximum(cr.Queue.MetricApproximateAgeOfOldestMessage, 1),
+				threshold: th.QueueOldestMessageAgeSeconds, periods: 3, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
+			alarmSpec{name: AlarmDLQMessages + "-" + n, description: "Dead-letter queue " + cfg.ResourceName(cr.Consumer.DLQName()) + " holds messages: inspect, then redrive with `fifobox redrive`",
+				metric:    maximum(cr.DLQ.MetricApproximateNumberOfMessagesVisible, 5),
+				threshold: th.DLQVisibleMessages, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
+			alarmSpec{name: AlarmSubscriptionDLQ + "-" + n, description: "Subscription dead-letter queue " + cfg.ResourceName(cr.Consumer.SubscriptionDLQName()) + " holds events SNS could not deliver to " + n + ": fix the cause (key, queue policy), then redrive with `fifobox redrive`",
+				metric:    maximum(cr.SubscriptionDLQ.MetricApproximateNumberOfMessagesVisible, 5),
+				threshold: th.DLQVisibleMessages, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
 		)
 	}
-
 	action := awscloudwatchactions.NewSnsAction(p.AlarmTopic)
 	for _, s := range specs {
 		a := awscloudwatch.NewAlarm(stack, jsii.String("Alarm-"+s.name), &awscloudwatch.AlarmProps{
@@ -150,7 +204,7 @@ func newAlarms(stack awscdk.Stack, cfg Config, p *Pipeline) {
 			Threshold:          jsii.Number(s.threshold),
 			ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
 			EvaluationPeriods:  jsii.Number(s.periods),
-			DatapointsToAlarm:  jsii.Number(s.periods),
+			DatapointsToAlarm:  jsii.Number(datapoints(s)),
 			TreatMissingData:   s.missing,
 		})
 		a.AddAlarmAction(action)

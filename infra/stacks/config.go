@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
 	"github.com/aws/constructs-go/constructs/v10"
 
 	"github.com/fifobox/fifobox/pkg/topology"
@@ -36,6 +37,11 @@ const (
 	MetricOldestPendingAgeSeconds = "OldestPendingAgeSeconds"
 	MetricDeadEvents              = "DeadEvents"
 	MetricParkedAggregates        = "ParkedAggregates"
+	MetricDueEvents               = "OutboxDueEvents"
+	MetricBackingOffEvents        = "OutboxBackingOffEvents"
+	MetricParkedEvents            = "OutboxParkedEvents"
+	MetricOldestDueAgeSeconds     = "OldestDueAgeSeconds"
+	MetricRetryingAggregates      = "RetryingAggregates"
 	MetricPublished               = "Published"
 	MetricRetries                 = "Retries"
 	MetricProcessed               = "Processed"
@@ -52,34 +58,51 @@ const (
 	FnRedrive    = "redrive"
 )
 
+// FunctionTag is the tag each function carries, valued with its bootstrap's
+// name (FnDispatcher, FnConsumer, FnRedrive).
+const FunctionTag = "fifobox:function"
+
 // DBPort is the PostgreSQL port of the cluster and of RDS Proxy.
 const DBPort = 5432
 
 // Thresholds are the alarm thresholds. An alarm fires when its metric is
 // greater than the threshold (">" comparisons throughout).
 type Thresholds struct {
-	// OldestPendingAgeSeconds: the oldest unsent outbox event is older than this
-	// (the publish lag the dispatcher is failing to keep down).
-	OldestPendingAgeSeconds float64
-	// OutboxBacklog: pending outbox events.
-	OutboxBacklog float64
-	// DeadEvents: outbox rows that exhausted their publish attempts.
+	// PublishLagSeconds: the oldest due outbox event (publishable now: not
+	// dead, parked or backing off) is older than this.
+	PublishLagSeconds float64
+	// DueBacklog: events due for publishing (OutboxDueEvents).
+	DueBacklog float64
+	// RetryingAggregates: aggregates whose head is backing off after a
+	// retryable publish failure, for 5 minutes in a row.
+	RetryingAggregates float64
+	// BackingOffEvents: events waiting behind retrying heads.
+	BackingOffEvents float64
+	// DeadEvents: outbox rows that could not be published.
 	DeadEvents float64
 	// ParkedAggregates: aggregates whose later events wait behind a dead event.
 	ParkedAggregates float64
+	// ParkedEvents: events held behind dead heads, the dead ones included.
+	ParkedEvents float64
 	// ConsumerLagSeconds: now - occurred_at of the oldest event in a consumer batch.
 	ConsumerLagSeconds float64
-	// ConsumerFailures: failed records per consumer over FailureWindowMinutes.
+	// ConsumerFailures: failed records per consumer over 5 minutes.
 	ConsumerFailures float64
 	// QueueOldestMessageAgeSeconds: SQS ApproximateAgeOfOldestMessage of a consumer queue.
 	QueueOldestMessageAgeSeconds float64
-	// DLQVisibleMessages: messages waiting in a dead-letter queue.
+	// DLQVisibleMessages: messages waiting in a consumer's or a subscription's dead-letter queue.
 	DLQVisibleMessages float64
+	// DeliveryFailures: SNS NumberOfNotificationsFailed over 5 minutes.
+	DeliveryFailures float64
+	// DeliveryLost: SNS NumberOfNotificationsFailedToRedriveToDlq over 5 minutes.
+	DeliveryLost float64
 	// DispatcherErrors / DispatcherThrottles: Lambda Errors / Throttles of the dispatcher.
 	DispatcherErrors    float64
 	DispatcherThrottles float64
-	// ConsumerErrors: Lambda Errors of a consumer function (a whole batch failed).
-	ConsumerErrors float64
+	// ConsumerErrors / ConsumerThrottles: Lambda Errors (a whole batch failed)
+	// and Throttles of a consumer function.
+	ConsumerErrors    float64
+	ConsumerThrottles float64
 	// ScheduleDLQVisibleMessages: scheduler invocations that could not be delivered.
 	ScheduleDLQVisibleMessages float64
 	// OperationsErrors: Lambda Errors of the operations (redrive) function.
@@ -89,17 +112,23 @@ type Thresholds struct {
 // DefaultThresholds are the shipped alarm thresholds.
 func DefaultThresholds() Thresholds {
 	return Thresholds{
-		OldestPendingAgeSeconds:      60,
-		OutboxBacklog:                10000,
+		PublishLagSeconds:            60,
+		DueBacklog:                   10000,
+		RetryingAggregates:           0,
+		BackingOffEvents:             1000,
 		DeadEvents:                   0,
 		ParkedAggregates:             0,
+		ParkedEvents:                 1000,
 		ConsumerLagSeconds:           300,
 		ConsumerFailures:             10,
 		QueueOldestMessageAgeSeconds: 300,
 		DLQVisibleMessages:           0,
+		DeliveryFailures:             0,
+		DeliveryLost:                 0,
 		DispatcherErrors:             0,
 		DispatcherThrottles:          0,
 		ConsumerErrors:               0,
+		ConsumerThrottles:            0,
 		ScheduleDLQVisibleMessages:   0,
 		OperationsErrors:             0,
 	}
@@ -229,7 +258,7 @@ func (c Config) Validate() error {
 	}
 	// SQS caps queue names at 80 characters (".fifo" included).
 	for _, cons := range c.Topology.Consumers {
-		for _, q := range []string{cons.QueueName(), cons.DLQName()} {
+		for _, q := range []string{cons.QueueName(), cons.DLQName(), cons.SubscriptionDLQName()} {
 			if n := c.ResourceName(q); len(n) > 80 {
 				return fmt.Errorf("prefix %q: queue name %s is %d characters, SQS allows 80", c.Prefix, n, len(n))
 			}
@@ -255,6 +284,11 @@ func (c Config) Validate() error {
 	}
 	return nil
 }
+
+// LogRetention is how long every log group keeps its events: a year, what
+// Control Tower's CT.CLOUDWATCH.PR.2 asks for (the functions log event ids
+// and counts, not payloads, so a year of them costs little).
+const LogRetention = awslogs.RetentionDays_ONE_YEAR
 
 // DLQRetentionDays is how long the consumer DLQs keep a message (the SQS maximum).
 const DLQRetentionDays = 14

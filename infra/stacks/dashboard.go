@@ -20,8 +20,9 @@ func graph(title string, width float64, left []awscloudwatch.IMetric, threshold 
 func row(w ...awscloudwatch.IWidget) *[]awscloudwatch.IWidget { return &w }
 
 // newDashboard shows the alarmed signals: alarm states first, then the outbox
-// (backlog, age, dead, parked), the dispatcher function, and per consumer its
-// lag, outcomes, queue age and DLQ depth.
+// (publish lag, the backlog split into due, backing-off and parked, retrying
+// aggregates, dead and parked), the dispatcher function and SNS delivery,
+// and per consumer its lag, outcomes, queue age and DLQ depths.
 func newDashboard(stack awscdk.Stack, cfg Config, p *Pipeline) {
 	th := cfg.Thresholds
 	alarms := make([]interfacesawscloudwatch.IAlarmRef, 0, len(p.Alarms))
@@ -33,31 +34,39 @@ func newDashboard(stack awscdk.Stack, cfg Config, p *Pipeline) {
 			Title: jsii.String("Alarms"), Alarms: &alarms, Width: jsii.Number(24), Height: jsii.Number(4),
 		})),
 		row(
-			graph("Outbox backlog (pending events)", 6, []awscloudwatch.IMetric{dispatcherMetric(cfg, MetricOutboxBacklog, "Maximum", 60)}, jsii.Number(th.OutboxBacklog)),
-			graph("Oldest pending event age (s)", 6, []awscloudwatch.IMetric{dispatcherMetric(cfg, MetricOldestPendingAgeSeconds, "Maximum", 60)}, jsii.Number(th.OldestPendingAgeSeconds)),
-			graph("Dead events / parked aggregates", 6, []awscloudwatch.IMetric{
-				dispatcherMetric(cfg, MetricDeadEvents, "Maximum", 300), dispatcherMetric(cfg, MetricParkedAggregates, "Maximum", 300)}, nil),
+			graph("Publish lag: oldest due event (s)", 6, []awscloudwatch.IMetric{
+				dispatcherMetric(cfg, MetricOldestDueAgeSeconds, "Maximum", 60), dispatcherMetric(cfg, MetricOldestPendingAgeSeconds, "Maximum", 60)}, jsii.Number(th.PublishLagSeconds)),
+			graph("Outbox backlog: due / backing off / parked", 6, []awscloudwatch.IMetric{
+				dispatcherMetric(cfg, MetricDueEvents, "Maximum", 60), dispatcherMetric(cfg, MetricBackingOffEvents, "Maximum", 60),
+				dispatcherMetric(cfg, MetricParkedEvents, "Maximum", 60), dispatcherMetric(cfg, MetricOutboxBacklog, "Maximum", 60)}, jsii.Number(th.DueBacklog)),
+			graph("Retrying aggregates / dead events / parked aggregates", 6, []awscloudwatch.IMetric{
+				dispatcherMetric(cfg, MetricRetryingAggregates, "Maximum", 60), dispatcherMetric(cfg, MetricDeadEvents, "Maximum", 300),
+				dispatcherMetric(cfg, MetricParkedAggregates, "Maximum", 300)}, nil),
 			graph("Published / retries per minute", 6, []awscloudwatch.IMetric{
 				dispatcherMetric(cfg, MetricPublished, "Sum", 60), dispatcherMetric(cfg, MetricRetries, "Sum", 60)}, nil),
 		),
 		row(
-			graph("Dispatcher invocations / errors / throttles", 8, []awscloudwatch.IMetric{
+			graph("Dispatcher invocations / errors / throttles", 6, []awscloudwatch.IMetric{
 				p.Dispatcher.MetricInvocations(minutes(5)), p.Dispatcher.MetricErrors(minutes(5)), p.Dispatcher.MetricThrottles(minutes(5))}, nil),
-			graph("Dispatcher duration (ms)", 8, []awscloudwatch.IMetric{p.Dispatcher.MetricDuration(&awscloudwatch.MetricOptions{Statistic: jsii.String("Maximum")})}, nil),
-			graph("Schedule DLQ (undelivered ticks)", 8, []awscloudwatch.IMetric{p.ScheduleDLQ.MetricApproximateNumberOfMessagesVisible(nil)}, nil),
+			graph("Dispatcher duration (ms)", 6, []awscloudwatch.IMetric{p.Dispatcher.MetricDuration(&awscloudwatch.MetricOptions{Statistic: jsii.String("Maximum")})}, nil),
+			graph("Schedule DLQ (undelivered ticks)", 6, []awscloudwatch.IMetric{p.ScheduleDLQ.MetricApproximateNumberOfMessagesVisible(nil)}, nil),
+			graph("SNS deliveries failed / lost (not redriven to a DLQ)", 6, []awscloudwatch.IMetric{
+				p.Topic.MetricNumberOfNotificationsFailed(minutes(5)),
+				p.Topic.Metric(jsii.String("NumberOfNotificationsFailedToRedriveToDlq"), minutes(5))}, nil),
 		),
 	}
 	for _, cr := range p.Consumers {
 		n := cr.Consumer.Name
 		widgets = append(widgets, row(
 			graph(n+": lag (s)", 6, []awscloudwatch.IMetric{consumerMetric(cfg, n, MetricConsumerLagSeconds, "Maximum", 60)}, jsii.Number(th.ConsumerLagSeconds)),
-			graph(n+": processed / duplicates / failures", 6, []awscloudwatch.IMetric{
+			graph(n+": processed / duplicates / failures / errors / throttles", 6, []awscloudwatch.IMetric{
 				consumerMetric(cfg, n, MetricProcessed, "Sum", 60), consumerMetric(cfg, n, MetricDuplicates, "Sum", 60),
-				consumerMetric(cfg, n, MetricFailures, "Sum", 60), cr.Function.MetricErrors(minutes(1))}, nil),
+				consumerMetric(cfg, n, MetricFailures, "Sum", 60), cr.Function.MetricErrors(minutes(1)), cr.Function.MetricThrottles(minutes(1))}, nil),
 			graph(n+": oldest message age (s)", 6, []awscloudwatch.IMetric{
 				cr.Queue.MetricApproximateAgeOfOldestMessage(&awscloudwatch.MetricOptions{Statistic: jsii.String("Maximum")})}, jsii.Number(th.QueueOldestMessageAgeSeconds)),
-			graph(n+": DLQ messages", 6, []awscloudwatch.IMetric{
-				cr.DLQ.MetricApproximateNumberOfMessagesVisible(&awscloudwatch.MetricOptions{Statistic: jsii.String("Maximum")})}, jsii.Number(th.DLQVisibleMessages)),
+			graph(n+": DLQ / subscription DLQ messages", 6, []awscloudwatch.IMetric{
+				cr.DLQ.MetricApproximateNumberOfMessagesVisible(&awscloudwatch.MetricOptions{Statistic: jsii.String("Maximum")}),
+				cr.SubscriptionDLQ.MetricApproximateNumberOfMessagesVisible(&awscloudwatch.MetricOptions{Statistic: jsii.String("Maximum")})}, jsii.Number(th.DLQVisibleMessages)),
 		))
 	}
 	p.Dashboard = awscloudwatch.NewDashboard(stack, jsii.String("Dashboard"), &awscloudwatch.DashboardProps{

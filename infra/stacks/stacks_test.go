@@ -9,8 +9,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -437,8 +440,19 @@ func TestFunctions(t *testing.T) {
 			t.Errorf("%s: not in the VPC", name)
 		}
 		env := dig(f.Props, "Environment", "Variables").(map[string]any)
-		for k, want := range map[string]string{"FIFOBOX_DB_PORT": "5432", "FIFOBOX_DB_NAME": "fifobox", "FIFOBOX_DB_USER": "fifobox",
-			"FIFOBOX_DB_IAM_AUTH": "true", "FIFOBOX_METRICS_NAMESPACE": "Fifobox"} {
+		wantEnv := map[string]string{"FIFOBOX_DB_PORT": "5432", "FIFOBOX_DB_NAME": "fifobox", "FIFOBOX_DB_USER": "fifobox",
+			"FIFOBOX_DB_IAM_AUTH": "true", "FIFOBOX_METRICS_NAMESPACE": "Fifobox"}
+		if name == "redrive" {
+			// The operations function emits no metrics, so it reads no namespace.
+			delete(wantEnv, "FIFOBOX_METRICS_NAMESPACE")
+			if _, ok := env["FIFOBOX_METRICS_NAMESPACE"]; ok {
+				t.Errorf("redrive: FIFOBOX_METRICS_NAMESPACE set, but nothing in it reads it")
+			}
+		}
+		if !hasTag(f, stacks.FunctionTag, strings.SplitN(name, ":", 2)[0]) {
+			t.Errorf("%s: no %s tag naming its bootstrap: %v", name, stacks.FunctionTag, f.Props["Tags"])
+		}
+		for k, want := range wantEnv {
 			if env[k] != want {
 				t.Errorf("%s: %s = %v, want %s", name, k, env[k], want)
 			}
@@ -490,6 +504,15 @@ func TestFunctions(t *testing.T) {
 			t.Errorf("FIFOBOX_QUEUES[%s] = %+v", c.Name, q)
 		}
 	}
+}
+
+func hasTag(r resource, key, value string) bool {
+	for _, tag := range list(r.Props["Tags"]) {
+		if dig(tag, "Key") == key && dig(tag, "Value") == value {
+			return true
+		}
+	}
+	return false
 }
 
 // joinTemplate renders {"Fn::Join": ["", [...]]} with refs as "<ref:ID>".
@@ -802,26 +825,38 @@ func TestAlarms(t *testing.T) {
 	tpl := awsStacks(t).stateless
 	th := stacks.DefaultThresholds()
 	type want struct {
-		metric    string
-		threshold float64
-		missing   string
+		metric           string
+		threshold        float64
+		missing          string
+		period           float64 // seconds
+		datapoints, over float64 // fires on datapoints breaching out of over
 	}
+	const breaching, ignore, notBreaching = "breaching", "ignore", "notBreaching"
 	wants := map[string]want{
-		"Fifobox-" + stacks.AlarmOldestPendingAge:  {stacks.MetricOldestPendingAgeSeconds, th.OldestPendingAgeSeconds, "breaching"},
-		"Fifobox-" + stacks.AlarmOutboxBacklog:     {stacks.MetricOutboxBacklog, th.OutboxBacklog, "breaching"},
-		"Fifobox-" + stacks.AlarmDeadEvents:        {stacks.MetricDeadEvents, th.DeadEvents, "ignore"},
-		"Fifobox-" + stacks.AlarmParkedAggregates:  {stacks.MetricParkedAggregates, th.ParkedAggregates, "ignore"},
-		"Fifobox-" + stacks.AlarmDispatcherErrors:  {"Errors", th.DispatcherErrors, "notBreaching"},
-		"Fifobox-" + stacks.AlarmDispatcherThrottl: {"Throttles", th.DispatcherThrottles, "notBreaching"},
-		"Fifobox-" + stacks.AlarmScheduleDLQ:       {"ApproximateNumberOfMessagesVisible", th.ScheduleDLQVisibleMessages, "notBreaching"},
-		"Fifobox-" + stacks.AlarmOperationsErrors:  {"Errors", th.OperationsErrors, "notBreaching"},
+		stacks.AlarmPublishLag:        {stacks.MetricOldestDueAgeSeconds, th.PublishLagSeconds, breaching, 60, 3, 3},
+		stacks.AlarmDueBacklog:        {stacks.MetricDueEvents, th.DueBacklog, breaching, 60, 3, 3},
+		stacks.AlarmPublishRetrying:   {stacks.MetricRetryingAggregates, th.RetryingAggregates, ignore, 60, 5, 5},
+		stacks.AlarmBackingOffEvents:  {stacks.MetricBackingOffEvents, th.BackingOffEvents, ignore, 60, 5, 5},
+		stacks.AlarmDeadEvents:        {stacks.MetricDeadEvents, th.DeadEvents, ignore, 300, 1, 1},
+		stacks.AlarmParkedAggregates:  {stacks.MetricParkedAggregates, th.ParkedAggregates, ignore, 300, 1, 1},
+		stacks.AlarmParkedEvents:      {stacks.MetricParkedEvents, th.ParkedEvents, ignore, 300, 1, 1},
+		stacks.AlarmDispatcherErrors:  {"Errors", th.DispatcherErrors, notBreaching, 300, 1, 1},
+		stacks.AlarmDispatcherThrottl: {"Throttles", th.DispatcherThrottles, notBreaching, 300, 1, 1},
+		stacks.AlarmScheduleDLQ:       {"ApproximateNumberOfMessagesVisible", th.ScheduleDLQVisibleMessages, notBreaching, 300, 1, 1},
+		stacks.AlarmOperationsErrors:  {"Errors", th.OperationsErrors, notBreaching, 300, 1, 1},
+		stacks.AlarmDeliveryFailed:    {"NumberOfNotificationsFailed", th.DeliveryFailures, notBreaching, 300, 1, 1},
+		stacks.AlarmDeliveryLost:      {"NumberOfNotificationsFailedToRedriveToDlq", th.DeliveryLost, notBreaching, 300, 1, 1},
 	}
 	for _, c := range topology.Default().Consumers {
-		wants["Fifobox-"+stacks.AlarmConsumerLag+"-"+c.Name] = want{stacks.MetricConsumerLagSeconds, th.ConsumerLagSeconds, "notBreaching"}
-		wants["Fifobox-"+stacks.AlarmConsumerFailures+"-"+c.Name] = want{stacks.MetricFailures, th.ConsumerFailures, "notBreaching"}
-		wants["Fifobox-"+stacks.AlarmConsumerErrors+"-"+c.Name] = want{"Errors", th.ConsumerErrors, "notBreaching"}
-		wants["Fifobox-"+stacks.AlarmQueueAge+"-"+c.Name] = want{"ApproximateAgeOfOldestMessage", th.QueueOldestMessageAgeSeconds, "notBreaching"}
-		wants["Fifobox-"+stacks.AlarmDLQMessages+"-"+c.Name] = want{"ApproximateNumberOfMessagesVisible", th.DLQVisibleMessages, "notBreaching"}
+		// One late batch in 5 minutes fires the lag alarm, so a consumer that
+		// processes a batch an hour can alarm too.
+		wants[stacks.AlarmConsumerLag+"-"+c.Name] = want{stacks.MetricConsumerLagSeconds, th.ConsumerLagSeconds, notBreaching, 300, 1, 1}
+		wants[stacks.AlarmConsumerFailures+"-"+c.Name] = want{stacks.MetricFailures, th.ConsumerFailures, notBreaching, 300, 1, 1}
+		wants[stacks.AlarmConsumerErrors+"-"+c.Name] = want{"Errors", th.ConsumerErrors, notBreaching, 300, 1, 1}
+		wants[stacks.AlarmConsumerThrottles+"-"+c.Name] = want{"Throttles", th.ConsumerThrottles, notBreaching, 300, 1, 1}
+		wants[stacks.AlarmQueueAge+"-"+c.Name] = want{"ApproximateAgeOfOldestMessage", th.QueueOldestMessageAgeSeconds, notBreaching, 60, 3, 3}
+		wants[stacks.AlarmDLQMessages+"-"+c.Name] = want{"ApproximateNumberOfMessagesVisible", th.DLQVisibleMessages, notBreaching, 300, 1, 1}
+		wants[stacks.AlarmSubscriptionDLQ+"-"+c.Name] = want{"ApproximateNumberOfMessagesVisible", th.DLQVisibleMessages, notBreaching, 300, 1, 1}
 	}
 	var alarmTopic string
 	for _, tp := range tpl.resources("AWS::SNS::Topic") {
@@ -831,21 +866,30 @@ func TestAlarms(t *testing.T) {
 	}
 	got := map[string]resource{}
 	for _, a := range tpl.resources("AWS::CloudWatch::Alarm") {
-		got[a.Props["AlarmName"].(string)] = a
+		got[strings.TrimPrefix(a.Props["AlarmName"].(string), "Fifobox-")] = a
 	}
-	for name, w := range wants {
+	for _, name := range keys(wants) {
+		w := wants[name]
 		a, ok := got[name]
 		if !ok {
 			t.Errorf("alarm %s missing", name)
 			continue
 		}
-		if a.Props["MetricName"] != w.metric || num(a.Props["Threshold"]) != w.threshold ||
-			a.Props["ComparisonOperator"] != "GreaterThanThreshold" || a.Props["TreatMissingData"] != w.missing {
-			t.Errorf("alarm %s: metric %v threshold %v %v missing %v; want %s > %v missing %s", name,
-				a.Props["MetricName"], a.Props["Threshold"], a.Props["ComparisonOperator"], a.Props["TreatMissingData"], w.metric, w.threshold, w.missing)
+		p := a.Props
+		if p["MetricName"] != w.metric || num(p["Threshold"]) != w.threshold || p["ComparisonOperator"] != "GreaterThanThreshold" ||
+			p["TreatMissingData"] != w.missing || num(p["Period"]) != w.period || num(p["DatapointsToAlarm"]) != w.datapoints ||
+			num(p["EvaluationPeriods"]) != w.over {
+			t.Errorf("alarm %s: %v > %v over %vs, %v of %v, missing %v; want %s > %v over %vs, %v of %v, missing %s", name,
+				p["MetricName"], p["Threshold"], p["Period"], p["DatapointsToAlarm"], p["EvaluationPeriods"], p["TreatMissingData"],
+				w.metric, w.threshold, w.period, w.datapoints, w.over, w.missing)
 		}
-		if acts := list(a.Props["AlarmActions"]); len(acts) != 1 || refID(acts[0]) != alarmTopic {
-			t.Errorf("alarm %s: AlarmActions %v, want the alarm topic %s", name, a.Props["AlarmActions"], alarmTopic)
+		for _, k := range []string{"AlarmActions", "OKActions"} {
+			if acts := list(p[k]); len(acts) != 1 || refID(acts[0]) != alarmTopic {
+				t.Errorf("alarm %s: %s %v, want the alarm topic %s", name, k, p[k], alarmTopic)
+			}
+		}
+		if d, _ := p["AlarmDescription"].(string); len(d) < 30 {
+			t.Errorf("alarm %s: description %q does not say what it means", name, d)
 		}
 	}
 	for name := range got {
@@ -854,10 +898,18 @@ func TestAlarms(t *testing.T) {
 		}
 	}
 	// EMF metrics carry the dimensions pkg/metrics emits.
-	for _, name := range []string{"Fifobox-" + stacks.AlarmOutboxBacklog, "Fifobox-" + stacks.AlarmConsumerLag + "-audit"} {
+	for _, name := range []string{stacks.AlarmPublishLag, stacks.AlarmPublishRetrying, stacks.AlarmConsumerLag + "-audit"} {
 		a := got[name]
 		if a.Props["Namespace"] != "Fifobox" || len(list(a.Props["Dimensions"])) != 1 {
 			t.Errorf("alarm %s: namespace %v dimensions %v", name, a.Props["Namespace"], a.Props["Dimensions"])
+		}
+	}
+	// The SNS delivery alarms watch the events topic.
+	for _, name := range []string{stacks.AlarmDeliveryFailed, stacks.AlarmDeliveryLost} {
+		a := got[name]
+		dims := list(a.Props["Dimensions"])
+		if a.Props["Namespace"] != "AWS/SNS" || len(dims) != 1 || dig(dims[0], "Name") != "TopicName" {
+			t.Errorf("alarm %s: namespace %v dimensions %v, want AWS/SNS by TopicName", name, a.Props["Namespace"], dims)
 		}
 	}
 }
@@ -884,8 +936,10 @@ func TestDashboardShowsTheSignals(t *testing.T) {
 	if n, want := len(list(parsed.Widgets[0].Properties["alarms"])), len(tpl.resources("AWS::CloudWatch::Alarm")); n != want {
 		t.Errorf("alarm widget shows %d alarms, want all %d", n, want)
 	}
-	for _, m := range []string{"OutboxBacklog", "OldestPendingAgeSeconds", "DeadEvents", "ParkedAggregates", "ConsumerLagSeconds",
-		"Failures", "ApproximateAgeOfOldestMessage", "ApproximateNumberOfMessagesVisible", "Throttles"} {
+	for _, m := range []string{stacks.MetricOutboxBacklog, stacks.MetricOldestPendingAgeSeconds, stacks.MetricDeadEvents, stacks.MetricParkedAggregates,
+		stacks.MetricDueEvents, stacks.MetricBackingOffEvents, stacks.MetricParkedEvents, stacks.MetricOldestDueAgeSeconds, stacks.MetricRetryingAggregates,
+		stacks.MetricConsumerLagSeconds, stacks.MetricFailures, "ApproximateAgeOfOldestMessage", "ApproximateNumberOfMessagesVisible", "Throttles",
+		"NumberOfNotificationsFailed", "NumberOfNotificationsFailedToRedriveToDlq"} {
 		if !strings.Contains(body, `"`+m+`"`) {
 			t.Errorf("dashboard lacks %s", m)
 		}
@@ -943,6 +997,7 @@ func TestLocalVariant(t *testing.T) {
 	for _, c := range topology.Default().Consumers {
 		queueByName(t, tpl, c.QueueName())
 		queueByName(t, tpl, c.DLQName())
+		queueByName(t, tpl, c.SubscriptionDLQName())
 	}
 	if len(tpl.resources("AWS::Lambda::EventSourceMapping")) != len(topology.Default().Consumers) ||
 		len(tpl.resources("AWS::Scheduler::Schedule")) != 2 || len(tpl.resources("Custom::Trigger")) != 1 {
@@ -1008,7 +1063,7 @@ func TestSecondDeploymentNamesAreItsOwn(t *testing.T) {
 	wantTopics := map[string]bool{"staging-" + top.Topic.Name: true}
 	wantQueues, defQueues := map[string]bool{}, map[string]bool{}
 	for _, c := range top.Consumers {
-		for _, q := range []string{c.QueueName(), c.DLQName()} {
+		for _, q := range []string{c.QueueName(), c.DLQName(), c.SubscriptionDLQName()} {
 			wantQueues["staging-"+q] = true
 			defQueues[q] = true
 		}
@@ -1023,6 +1078,9 @@ func TestSecondDeploymentNamesAreItsOwn(t *testing.T) {
 		t.Errorf("default queue names %v, want the topology's %v", keys(got), keys(defQueues))
 	}
 	for name, f := range functions(t, staging) {
+		if name == "redrive" {
+			continue // emits no metrics
+		}
 		if ns := dig(f.Props, "Environment", "Variables", "FIFOBOX_METRICS_NAMESPACE"); ns != "Fifobox/Staging" {
 			t.Errorf("%s: FIFOBOX_METRICS_NAMESPACE = %v, want Fifobox/Staging", name, ns)
 		}
@@ -1077,4 +1135,306 @@ func TestExistingProxy(t *testing.T) {
 	if !strings.Contains(string(b), "dbuser:") || !strings.Contains(string(b), "prx-0123456789abcdef0") {
 		t.Errorf("rds-db:connect is not scoped to the existing proxy")
 	}
+}
+
+// Every consumer's SNS subscription dead-letters what SNS cannot deliver to
+// a FIFO queue of its own (a FIFO topic's subscription DLQ must be FIFO),
+// which only this topic's SNS may send to, encrypted with a key SNS may use
+// on behalf of this topic only.
+func TestSubscriptionDeadLetterQueues(t *testing.T) {
+	for variant, tpl := range map[string]template{"stateless": awsStacks(t).stateless, "local": localStack(t)} {
+		t.Run(variant, func(t *testing.T) {
+			topic := ""
+			for _, tp := range tpl.resources("AWS::SNS::Topic") {
+				if tp.Props["FifoTopic"] == true {
+					topic = tp.ID
+				}
+			}
+			subs := tpl.resources("AWS::SNS::Subscription")
+			for _, c := range topology.Default().Consumers {
+				dlq := queueByName(t, tpl, c.SubscriptionDLQName())
+				q := queueByName(t, tpl, c.QueueName())
+				if dlq.Props["FifoQueue"] != true || num(dlq.Props["MessageRetentionPeriod"]) != stacks.DLQRetentionDays*86400 {
+					t.Errorf("%s: FifoQueue %v retention %v, want a FIFO queue keeping messages %d days", c.Name, dlq.Props["FifoQueue"], dlq.Props["MessageRetentionPeriod"], stacks.DLQRetentionDays)
+				}
+				found := false
+				for _, s := range subs {
+					if refID(s.Props["Endpoint"]) != q.ID {
+						continue
+					}
+					found = true
+					if got := refID(dig(s.Props, "RedrivePolicy", "deadLetterTargetArn")); got != dlq.ID {
+						t.Errorf("%s: subscription RedrivePolicy -> %v, want %s", c.Name, s.Props["RedrivePolicy"], dlq.ID)
+					}
+				}
+				if !found {
+					t.Fatalf("%s: no subscription", c.Name)
+				}
+				// The queue policy lets SNS send, for this topic only.
+				allowed := false
+				for _, qp := range tpl.resources("AWS::SQS::QueuePolicy") {
+					if len(list(qp.Props["Queues"])) != 1 || refID(list(qp.Props["Queues"])[0]) != dlq.ID {
+						continue
+					}
+					for _, st := range list(dig(qp.Props, "PolicyDocument", "Statement")) {
+						if dig(st, "Effect") == "Allow" && dig(st, "Principal", "Service") == "sns.amazonaws.com" && dig(st, "Action") == "sqs:SendMessage" &&
+							refID(dig(st, "Condition", "ArnEquals", "aws:SourceArn")) == topic {
+							allowed = true
+						}
+					}
+				}
+				if !allowed {
+					t.Errorf("%s: no queue policy lets the topic's SNS send to %s", c.Name, c.SubscriptionDLQName())
+				}
+				// Its key lets SNS encrypt for this topic.
+				key := tpl.resource(refID(dlq.Props["KmsMasterKeyId"]))
+				snsMayUse := false
+				for _, st := range list(dig(key.Props, "KeyPolicy", "Statement")) {
+					acts := fmt.Sprint(dig(st, "Action"))
+					if dig(st, "Effect") == "Allow" && dig(st, "Principal", "Service") == "sns.amazonaws.com" &&
+						strings.Contains(acts, "kms:GenerateDataKey") && strings.Contains(acts, "kms:Decrypt") &&
+						refID(dig(st, "Condition", "ArnEquals", "aws:SourceArn")) == topic {
+						snsMayUse = true
+					}
+				}
+				if !snsMayUse {
+					t.Errorf("%s: the key of %s does not let the topic's SNS encrypt to it", c.Name, c.SubscriptionDLQName())
+				}
+			}
+		})
+	}
+}
+
+// The operations function can drain both DLQs of every consumer into the
+// consumer's queue, and FIFOBOX_QUEUES tells it where they are.
+func TestRedriveReachesEveryDeadLetterQueue(t *testing.T) {
+	tpl := awsStacks(t).stateless
+	fns := functions(t, tpl)
+	role := refID(fns["redrive"].Props["Role"])
+	sts := statements(tpl)
+	can := map[string]map[string]bool{} // action -> queue logical ids
+	for _, p := range tpl.resources("AWS::IAM::Policy") {
+		attached := false
+		for _, r := range list(p.Props["Roles"]) {
+			attached = attached || refID(r) == role
+		}
+		if !attached {
+			continue
+		}
+		for _, st := range sts[p.ID] {
+			for _, a := range list(st["Action"]) {
+				for _, r := range list(st["Resource"]) {
+					if can[a.(string)] == nil {
+						can[a.(string)] = map[string]bool{}
+					}
+					can[a.(string)][refID(r)] = true
+				}
+			}
+		}
+	}
+	var queues map[string]map[string]string
+	if err := json.Unmarshal([]byte(joinTemplate(dig(fns["redrive"].Props, "Environment", "Variables", "FIFOBOX_QUEUES"))), &queues); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range topology.Default().Consumers {
+		for _, name := range []string{c.DLQName(), c.SubscriptionDLQName()} {
+			id := queueByName(t, tpl, name).ID
+			for _, a := range []string{"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility"} {
+				if !can[a][id] {
+					t.Errorf("redrive role cannot %s on %s", a, name)
+				}
+			}
+			if can["sqs:SendMessage"][id] {
+				t.Errorf("redrive role can send to %s: it should only drain it", name)
+			}
+		}
+		if !can["sqs:SendMessage"][queueByName(t, tpl, c.QueueName()).ID] {
+			t.Errorf("redrive role cannot send to %s", c.QueueName())
+		}
+		if got, want := queues[c.Name]["subscription_dlq_url"], "<ref:"+queueByName(t, tpl, c.SubscriptionDLQName()).ID+">"; got != want {
+			t.Errorf("FIFOBOX_QUEUES[%s].subscription_dlq_url = %q, want %s", c.Name, got, want)
+		}
+	}
+}
+
+// Every log group keeps a year of events, encrypted with a rotated key of
+// its stack that CloudWatch Logs may use for this account's log groups only.
+func TestLogGroupsEncryptedAndKeptAYear(t *testing.T) {
+	s := awsStacks(t)
+	for variant, tpl := range map[string]template{"stateful": s.stateful, "stateless": s.stateless, "local": localStack(t)} {
+		groups := tpl.resources("AWS::Logs::LogGroup")
+		if len(groups) == 0 {
+			t.Errorf("%s: no log groups", variant)
+		}
+		for _, g := range groups {
+			if num(g.Props["RetentionInDays"]) != 365 {
+				t.Errorf("%s %s: RetentionInDays %v, want 365", variant, g.ID, g.Props["RetentionInDays"])
+			}
+			key := tpl.resource(refID(g.Props["KmsKeyId"]))
+			if key.Type != "AWS::KMS::Key" || key.Props["EnableKeyRotation"] != true {
+				t.Errorf("%s %s: KmsKeyId %v is not a rotated key of the stack", variant, g.ID, g.Props["KmsKeyId"])
+				continue
+			}
+			ok := false
+			for _, st := range list(dig(key.Props, "KeyPolicy", "Statement")) {
+				b, _ := json.Marshal(st)
+				if dig(st, "Effect") == "Allow" && strings.Contains(string(b), `"logs.`) &&
+					strings.Contains(string(b), "kms:EncryptionContext:aws:logs:arn") && strings.Contains(string(b), ":log-group:*") {
+					ok = true
+				}
+			}
+			if !ok {
+				t.Errorf("%s %s: its key does not let CloudWatch Logs use it for this account's log groups", variant, g.ID)
+			}
+		}
+	}
+}
+
+// No key lets anyone but an AWS service create grants on it (CT.KMS.PR.3).
+func TestKeysDenyGrantsExceptForAWSServices(t *testing.T) {
+	s := awsStacks(t)
+	for variant, tpl := range map[string]template{"stateful": s.stateful, "stateless": s.stateless, "local": localStack(t)} {
+		for _, k := range tpl.resources("AWS::KMS::Key") {
+			ok := false
+			for _, st := range list(dig(k.Props, "KeyPolicy", "Statement")) {
+				c := dig(st, "Condition", "BoolIfExists")
+				if dig(st, "Effect") == "Deny" && dig(st, "Action") == "kms:CreateGrant" && dig(st, "Principal", "AWS") == "*" &&
+					dig(c, "kms:GrantIsForAWSResource") == "false" && dig(c, "aws:PrincipalIsAWSService") == "false" {
+					ok = true
+				}
+			}
+			if !ok {
+				t.Errorf("%s key %s: no statement denying kms:CreateGrant to all but AWS services", variant, k.ID)
+			}
+		}
+	}
+}
+
+func TestDatabaseEnhancedMonitoring(t *testing.T) {
+	tpl := awsStacks(t).stateful
+	for _, i := range tpl.resources("AWS::RDS::DBInstance") {
+		if num(i.Props["MonitoringInterval"]) != 60 || i.Props["MonitoringRoleArn"] == nil {
+			t.Errorf("instance %s: MonitoringInterval %v role %v, want enhanced monitoring every 60 s", i.ID, i.Props["MonitoringInterval"], i.Props["MonitoringRoleArn"])
+		}
+	}
+}
+
+// cfnGuard returns the cfn-guard binary and AWS Control Tower's rules that
+// npm's @cdklabs/cdk-validator-cfnguard ships (pinned in .tools, installed
+// by infra/scripts/test.sh).
+func cfnGuard(t *testing.T) (bin, rules string) {
+	t.Helper()
+	dir := os.Getenv("FIFOBOX_CFN_GUARD_DIR")
+	if dir == "" {
+		dir = "../../.tools/node_modules/@cdklabs/cdk-validator-cfnguard"
+	}
+	osDir := map[string]string{"linux": "ubuntu", "darwin": "macos"}[runtime.GOOS]
+	arch := map[string]string{"amd64": "x86_64", "arm64": "aarch64"}[runtime.GOARCH]
+	bin = filepath.Join(dir, "bin", osDir, arch, "cfn-guard")
+	rules = filepath.Join(dir, "rules", "control-tower", "cfn-guard")
+	if _, err := os.Stat(bin); err != nil {
+		if os.Getenv("FIFOBOX_REQUIRE_GUARD") == "1" {
+			t.Fatalf("cfn-guard not found at %s (FIFOBOX_REQUIRE_GUARD=1): npm ci --prefix .tools", bin)
+		}
+		t.Skipf("cfn-guard not installed (%s): ./infra/scripts/test.sh installs it", bin)
+	}
+	return bin, rules
+}
+
+// AWS Control Tower's proactive controls, run with cfn-guard over every
+// template: each finding is either fixed or suppressed on that resource
+// with a written reason (stacks.GuardMetadataKey), and no suppression
+// outlives its finding.
+func TestControlTowerGuardRules(t *testing.T) {
+	bin, rules := cfnGuard(t)
+	s := awsStacks(t)
+	tpls := map[string]template{"Fifobox-Stateful": s.stateful, "Fifobox-Stateless": s.stateless, "Fifobox-Local": localStack(t)}
+	dir := t.TempDir()
+	args := []string{"validate", "-r", rules, "--structured", "-S", "none", "-o", "json"}
+	for name, tpl := range tpls {
+		b, err := json.Marshal(tpl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(dir, name+".template.json")
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		args = append(args, "-d", p)
+	}
+	cmd := exec.Command(bin, args...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, runErr := cmd.Output() // exits non-zero when any rule fails
+	var docs []struct {
+		Name         string `json:"name"`
+		NotCompliant []struct {
+			Rule struct {
+				Name string `json:"name"`
+			} `json:"Rule"`
+		} `json:"not_compliant"`
+		Compliant []string `json:"compliant"`
+	}
+	if err := json.Unmarshal(out, &docs); err != nil {
+		t.Fatalf("cfn-guard output (%v): %v\n%s\n%s", runErr, err, out, stderr.String())
+	}
+	var raw []map[string]any
+	_ = json.Unmarshal(out, &raw)
+	resourceRef := regexp.MustCompile(`/Resources/([A-Za-z0-9]+)`)
+	used := map[string]bool{} // template/resource/rule
+	findings, passed := 0, 0
+	for i, doc := range docs {
+		name := strings.TrimSuffix(filepath.Base(doc.Name), ".template.json")
+		tpl := tpls[name]
+		passed += len(doc.Compliant)
+		for j, nc := range doc.NotCompliant {
+			b, _ := json.Marshal(dig(raw[i], "not_compliant").([]any)[j])
+			ids := map[string]bool{}
+			for _, m := range resourceRef.FindAllStringSubmatch(string(b), -1) {
+				ids[m[1]] = true
+			}
+			if len(ids) == 0 {
+				t.Errorf("%s: rule %s fails on no particular resource: %s", name, nc.Rule.Name, b)
+			}
+			for _, id := range keys(ids) {
+				findings++
+				reason, ok := guardSuppression(tpl, id, nc.Rule.Name)
+				switch {
+				case !ok:
+					t.Errorf("%s: %s fails on %s (%s): fix it, or suppress it with suppressGuard and the reason", name, nc.Rule.Name, id, tpl.resource(id).Type)
+				case len(reason) < 40:
+					t.Errorf("%s: %s on %s suppressed without a real reason: %q", name, nc.Rule.Name, id, reason)
+				default:
+					used[name+"/"+id+"/"+nc.Rule.Name] = true
+					if testing.Verbose() {
+						t.Logf("suppressed %s on %s %s: %s", nc.Rule.Name, name, id, reason)
+					}
+				}
+			}
+		}
+	}
+	for name, tpl := range tpls {
+		for _, r := range tpl.resources("") {
+			for _, x := range list(dig(r.Meta, stacks.GuardMetadataKey, "rules_to_suppress")) {
+				if rule, _ := dig(x, "id").(string); rule != "" && !used[name+"/"+r.ID+"/"+rule] {
+					t.Errorf("%s: %s is suppressed on %s but does not fail there: remove the suppression", name, rule, r.ID)
+				}
+			}
+		}
+	}
+	t.Logf("cfn-guard: %d rule passes, %d findings on resources (any without a suppression is reported above)", passed, findings)
+	if passed == 0 {
+		t.Errorf("no Control Tower rule passed on any template: are the rules loaded?")
+	}
+}
+
+func guardSuppression(tpl template, id, rule string) (string, bool) {
+	r, _ := tpl["Resources"].(map[string]any)[id].(map[string]any)
+	for _, x := range list(dig(r, "Metadata", stacks.GuardMetadataKey, "rules_to_suppress")) {
+		if dig(x, "id") == rule {
+			reason, _ := dig(x, "reason").(string)
+			return reason, true
+		}
+	}
+	return "", false
 }

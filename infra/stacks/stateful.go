@@ -8,6 +8,7 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssecretsmanager"
 	"github.com/aws/constructs-go/constructs/v10"
 	"github.com/aws/jsii-runtime-go"
+	"github.com/cdklabs/cdk-nag-go/cdknag/v2"
 )
 
 // StatefulStack is the network and the database: things that hold state or
@@ -43,8 +44,11 @@ func NewStatefulStack(scope constructs.Construct, id string, props *awscdk.Stack
 		// time; the result is cached in cdk.context.json.
 		s.Vpc = awsec2.Vpc_FromLookup(stack, jsii.String("Vpc"), &awsec2.VpcLookupOptions{VpcId: jsii.String(cfg.VpcID)})
 	} else {
+		// A year of flow logs, encrypted (Control Tower's CT.CLOUDWATCH.PR.2/3):
+		// they are the record of who talked to the database.
 		flowLogs := awslogs.NewLogGroup(stack, jsii.String("VpcFlowLogs"), &awslogs.LogGroupProps{
-			Retention:     awslogs.RetentionDays_ONE_MONTH,
+			Retention:     LogRetention,
+			EncryptionKey: newLogsKey(stack, "alias/"+cfg.Prefix+"-network-logs", "fifobox: VPC flow logs"),
 			RemovalPolicy: awscdk.RemovalPolicy_DESTROY,
 		})
 		// Isolated subnets only: nothing here needs the internet. AWS APIs are
@@ -62,6 +66,9 @@ func NewStatefulStack(scope constructs.Construct, id string, props *awscdk.Stack
 				},
 			},
 		})
+		// The restrictDefaultSecurityGroup feature flag's provider.
+		suppressGuardAt(stack, []string{"Custom::VpcRestrictDefaultSGCustomResourceProvider", "Handler"}, "lambda_inside_vpc_check",
+			"CDK's provider that removes the default security group's rules. "+providerOutsideVpc)
 	}
 
 	// Endpoints the code in the VPC calls: SNS (dispatcher Publish), SQS
@@ -142,9 +149,18 @@ func newDatabase(stack awscdk.Stack, s *StatefulStack, cfg Config, smEndpoint aw
 		IamAuthentication:       jsii.Bool(true),
 		Backup:                  &awsrds.BackupProps{Retention: awscdk.Duration_Days(jsii.Number(7))},
 		CloudwatchLogsExports:   jsii.Strings("postgresql"),
-		CloudwatchLogsRetention: awslogs.RetentionDays_ONE_MONTH,
-		RemovalPolicy:           awscdk.RemovalPolicy_SNAPSHOT,
+		CloudwatchLogsRetention: LogRetention,
+		// Enhanced monitoring (Control Tower's CT.RDS.PR.? enhanced
+		// monitoring control): OS metrics of the writer every minute, what
+		// explains a slow claim when CPU or memory is the cause.
+		MonitoringInterval: awscdk.Duration_Seconds(jsii.Number(60)),
+		RemovalPolicy:      awscdk.RemovalPolicy_SNAPSHOT,
 	})
+	cdknag.NagSuppressions_AddResourceSuppressions(cluster, &[]*cdknag.NagPackSuppression{{
+		Id:        jsii.String("AwsSolutions-IAM4"),
+		Reason:    jsii.String("The enhanced-monitoring role RDS assumes uses AmazonRDSEnhancedMonitoringRole, the policy AWS documents for it: it writes only to the RDS* log groups (RDSOSMetrics)."),
+		AppliesTo: &[]any{jsii.String("Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AmazonRDSEnhancedMonitoringRole")},
+	}}, jsii.Bool(true))
 	cluster.AddRotationSingleUser(&awsrds.RotationSingleUserOptions{
 		AutomaticallyAfter: awscdk.Duration_Days(jsii.Number(cfg.SecretRotationDays)),
 		Endpoint:           smEndpoint,
@@ -172,5 +188,7 @@ func newDatabase(stack awscdk.Stack, s *StatefulStack, cfg Config, smEndpoint aw
 
 	// CloudwatchLogsRetention is applied by CDK's LogRetention singleton function.
 	suppressLogRetention(stack)
+	suppressGuardAt(stack, []string{logRetentionPath}, "lambda_inside_vpc_check",
+		"CDK's LogRetention provider (sets the retention of the Aurora log group RDS creates). "+providerOutsideVpc)
 	return cluster, proxy, proxySG
 }

@@ -35,18 +35,27 @@ type Network struct {
 	Proxy         awsrds.IDatabaseProxy
 }
 
-// ConsumerResources are one topology consumer's queue, DLQ and function.
+// ConsumerResources are one topology consumer's queue, DLQs and function.
 type ConsumerResources struct {
 	Consumer topology.Consumer
 	Queue    awssqs.Queue
-	DLQ      awssqs.Queue
-	Function awslambda.Function
+	// DLQ takes what the consumer could not process (poison, permanent
+	// errors, maxReceiveCount).
+	DLQ awssqs.Queue
+	// SubscriptionDLQ takes what SNS could not deliver to Queue (a disabled
+	// key, a changed queue policy, a deleted queue): without it SNS drops
+	// those messages after its retries while the outbox already counts them
+	// as sent.
+	SubscriptionDLQ awssqs.Queue
+	Function        awslambda.Function
 }
 
 // Pipeline is the messaging layer and its functions, alarms and dashboard.
 type Pipeline struct {
-	TopicKey    awskms.Key
-	QueueKey    awskms.Key
+	TopicKey awskms.Key
+	QueueKey awskms.Key
+	// LogsKey encrypts the functions' log groups.
+	LogsKey     awskms.Key
 	Topic       awssns.Topic
 	Consumers   []*ConsumerResources
 	Dispatcher  awslambda.Function
@@ -97,6 +106,10 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 		Alias:             jsii.String("alias/" + cfg.Prefix + "-queues"),
 	})
 
+	p.LogsKey = newLogsKey(stack, "alias/"+cfg.Prefix+"-logs", "fifobox: the functions' log groups")
+	denyGrantsToNonServices(p.TopicKey)
+	denyGrantsToNonServices(p.QueueKey)
+
 	scope := awssns.FifoThroughputScope_TOPIC
 	if top.Topic.ThroughputScope == "MessageGroup" {
 		scope = awssns.FifoThroughputScope_MESSAGE_GROUP
@@ -112,9 +125,14 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 		EnforceSSL:                jsii.Bool(true),
 	})
 
+	// Each function's environment is what its loaders declare
+	// (pkg/lambdafn/*.Env, pkg/db.Env, pkg/metrics.Env): the runtime contract
+	// tests (functions/runtimetest) fail on a variable set here that nothing
+	// reads, or a required one missing.
 	dbEnv, grantDB := databaseAccess(cfg, net)
+	metricsNamespace := jsii.String(cfg.Namespace())
 	common := func(extra map[string]*string) *map[string]*string {
-		env := map[string]*string{"FIFOBOX_METRICS_NAMESPACE": jsii.String(cfg.Namespace())}
+		env := map[string]*string{}
 		for k, v := range dbEnv {
 			env[k] = v
 		}
@@ -160,6 +178,27 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 		}
 		cr.Queue = awssqs.NewQueue(stack, jsii.String("Queue-"+c.Name), qp)
 
+		// SNS requires a FIFO topic's subscription DLQ to be a FIFO queue in
+		// the same account and region. The subscription adds the queue policy
+		// letting this topic's SNS send to it (aws:SourceArn = the topic); the
+		// queue key already lets SNS use it on behalf of this topic (the
+		// restrictSqsDescryption flag's statement), as for the consumer queue.
+		cr.SubscriptionDLQ = awssqs.NewQueue(stack, jsii.String("SubscriptionDLQ-"+c.Name), &awssqs.QueueProps{
+			QueueName:                 jsii.String(cfg.ResourceName(c.SubscriptionDLQName())),
+			Fifo:                      jsii.Bool(true),
+			ContentBasedDeduplication: jsii.Bool(false),
+			Encryption:                awssqs.QueueEncryption_KMS,
+			EncryptionMasterKey:       p.QueueKey,
+			EnforceSSL:                jsii.Bool(true),
+			RetentionPeriod:           awscdk.Duration_Days(jsii.Number(DLQRetentionDays)),
+		})
+		cdknag.NagSuppressions_AddResourceSuppressions(cr.SubscriptionDLQ, &[]*cdknag.NagPackSuppression{{
+			Id:     jsii.String("AwsSolutions-SQS3"),
+			Reason: jsii.String("This queue is the dead-letter queue of the consumer's SNS subscription (its RedrivePolicy), which cdk-nag does not recognise as a DLQ; it is alarmed on."),
+		}}, nil)
+		suppressGuard(cr.SubscriptionDLQ, "sqs_dlq_check", "This queue is the dead-letter queue of an SNS subscription; a dead-letter queue of a dead-letter queue would only move its messages again. It is alarmed on and drained with `fifobox redrive`.")
+		suppressGuard(cr.DLQ, "sqs_dlq_check", "This queue is the consumer queue's dead-letter queue; a dead-letter queue of a dead-letter queue would only move its messages again. It is alarmed on and drained with `fifobox redrive`.")
+
 		// Filter on message attributes (the default scope), exactly the policy
 		// topology.Consumer.FilterPolicy() describes.
 		var filter *map[string]awssns.SubscriptionFilter
@@ -173,15 +212,18 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 		p.Topic.AddSubscription(awssnssubscriptions.NewSqsSubscription(cr.Queue, &awssnssubscriptions.SqsSubscriptionProps{
 			RawMessageDelivery: jsii.Bool(true),
 			FilterPolicy:       filter,
+			DeadLetterQueue:    cr.SubscriptionDLQ,
 		}))
 
 		fn, role := newFunction(stack, cfg, net, "Consumer-"+c.Name, FnConsumer, functionOptions{
 			description: "fifobox consumer " + c.Name,
+			logsKey:     p.LogsKey,
 			timeout:     float64(c.FunctionTimeoutSeconds),
 			memoryMB:    cfg.ConsumerMemoryMB,
 			env: common(map[string]*string{
-				"FIFOBOX_CONSUMER_NAME": jsii.String(c.Name),
-				"FIFOBOX_DLQ_URL":       cr.DLQ.QueueUrl(),
+				"FIFOBOX_CONSUMER_NAME":     jsii.String(c.Name),
+				"FIFOBOX_DLQ_URL":           cr.DLQ.QueueUrl(),
+				"FIFOBOX_METRICS_NAMESPACE": metricsNamespace,
 			}),
 		})
 		grantDB(role)
@@ -206,13 +248,14 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 	// its deadline, so a once-a-minute schedule still publishes continuously.
 	dispatcher, drole := newFunction(stack, cfg, net, "Dispatcher", FnDispatcher, functionOptions{
 		description: "fifobox dispatcher: outbox -> SNS FIFO",
+		logsKey:     p.LogsKey,
 		timeout:     cfg.DispatcherTimeoutSeconds,
 		memoryMB:    cfg.DispatcherMemoryMB,
 		reserved:    cfg.DispatcherReservedConcurrency,
 		// The schedule invokes asynchronously; the next tick is the retry, so
 		// Lambda's own async retries would only stack invocations up.
 		asyncRetries: true,
-		env:          common(map[string]*string{"FIFOBOX_TOPIC_ARN": p.Topic.TopicArn()}),
+		env:          common(map[string]*string{"FIFOBOX_TOPIC_ARN": p.Topic.TopicArn(), "FIFOBOX_METRICS_NAMESPACE": metricsNamespace}),
 	})
 	grantDB(drole)
 	keyUse(drole, p.TopicKey)
@@ -225,10 +268,14 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 	// the deploy trigger below relies on (a Trigger cannot choose a payload).
 	queues := map[string]any{}
 	for _, cr := range p.Consumers {
-		queues[cr.Consumer.Name] = map[string]any{"queue_url": cr.Queue.QueueUrl(), "dlq_url": cr.DLQ.QueueUrl()}
+		queues[cr.Consumer.Name] = map[string]any{
+			"queue_url": cr.Queue.QueueUrl(), "dlq_url": cr.DLQ.QueueUrl(),
+			"subscription_dlq_url": cr.SubscriptionDLQ.QueueUrl(),
+		}
 	}
 	redrive, rrole := newFunction(stack, cfg, net, "Redrive", FnRedrive, functionOptions{
 		description: "fifobox operations: migrate, status, dead-list, requeue-dead, replay, dlq-redrive, prune",
+		logsKey:     p.LogsKey,
 		timeout:     cfg.RedriveTimeoutSeconds,
 		memoryMB:    256,
 		env: common(map[string]*string{
@@ -238,10 +285,12 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 	})
 	grantDB(rrole)
 	keyUse(rrole, p.QueueKey)
+	// Redrive moves messages from both DLQs of a consumer (the consumer's
+	// and its subscription's) back to the consumer's queue.
 	var queueArns, dlqArns []*string
 	for _, cr := range p.Consumers {
 		queueArns = append(queueArns, cr.Queue.QueueArn())
-		dlqArns = append(dlqArns, cr.DLQ.QueueArn())
+		dlqArns = append(dlqArns, cr.DLQ.QueueArn(), cr.SubscriptionDLQ.QueueArn())
 	}
 	rrole.AddToPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
 		Sid:       jsii.String("ReplayAndRedriveIntoQueues"),
@@ -268,6 +317,8 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 		ExecuteOnHandlerChange: jsii.Bool(true),
 		ExecuteBefore:          &before,
 	})
+	suppressGuardAt(stack, []string{"AWSCDK.TriggerCustomResourceProviderCustomResourceProvider", "Handler"}, "lambda_inside_vpc_check",
+		"CDK's trigger provider (invokes the redrive function's migrate on deploy). "+providerOutsideVpc)
 
 	// EventBridge Scheduler: once a minute (its finest rate). Its DLQ must be a
 	// standard queue; undeliverable invocations land there and alarm.
@@ -317,6 +368,7 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 	})
 	p.RetentionSchedule.Node().AddDependency(p.Migrate)
 
+	suppressGuard(p.ScheduleDLQ, "sqs_dlq_check", "This queue is the EventBridge Scheduler dead-letter queue (it must be a standard queue); a dead-letter queue of a dead-letter queue would only move its messages again. It is alarmed on.")
 	cdknag.NagSuppressions_AddResourceSuppressions(p.ScheduleDLQ, &[]*cdknag.NagPackSuppression{{
 		Id:     jsii.String("AwsSolutions-SQS3"),
 		Reason: jsii.String("This queue is the EventBridge Scheduler dead-letter queue of the dispatcher and retention schedules (a schedule target DLQ, which cdk-nag does not recognise); it is alarmed on."),
@@ -351,6 +403,7 @@ func databaseAccess(cfg Config, net *Network) (map[string]*string, func(awsiam.R
 
 type functionOptions struct {
 	description  string
+	logsKey      awskms.IKey
 	timeout      float64
 	memoryMB     float64
 	reserved     float64
@@ -363,8 +416,12 @@ type functionOptions struct {
 // only: writing to its log group, and (in a VPC) managing its network
 // interfaces; callers add what the function itself calls.
 func newFunction(stack awscdk.Stack, cfg Config, net *Network, id, dir string, o functionOptions) (awslambda.Function, awsiam.Role) {
+	// A year of logs (Control Tower's CT.CLOUDWATCH.PR.2), encrypted with the
+	// stack's logs key (CT.CLOUDWATCH.PR.3): the logs name events and
+	// consumers, never payloads, but an operator's audit trail lives there.
 	logs := awslogs.NewLogGroup(stack, jsii.String(id+"Logs"), &awslogs.LogGroupProps{
-		Retention:     awslogs.RetentionDays_ONE_MONTH,
+		Retention:     LogRetention,
+		EncryptionKey: o.logsKey,
 		RemovalPolicy: awscdk.RemovalPolicy_DESTROY,
 	})
 	role := awsiam.NewRole(stack, jsii.String(id+"Role"), &awsiam.RoleProps{
@@ -415,5 +472,13 @@ func newFunction(stack awscdk.Stack, cfg Config, net *Network, id, dir string, o
 		}}, jsii.Bool(true))
 	}
 	fn := awslambda.NewFunction(stack, jsii.String(id), props)
+	if net != nil {
+		suppressGuard(fn, "lambda_inside_vpc_check", "The function is in the VPC (VpcConfig with the stateful stack's isolated subnets and the functions' security group; TestFunctions checks it), but its subnet and security group ids are cross-stack references (Fn::GetStackOutput) the rule cannot resolve.")
+	} else {
+		suppressGuard(fn, "lambda_inside_vpc_check", "The local variant (LocalStack/Floci, cdklocal) has no VPC by design: it runs the functions in the emulator's containers against a local database. The AWS stacks put every function in the VPC.")
+	}
+	// Names the bootstrap the function runs, for the tests that check each
+	// function's environment against what that binary reads.
+	awscdk.Tags_Of(fn).Add(jsii.String(FunctionTag), jsii.String(dir), nil)
 	return fn, role
 }

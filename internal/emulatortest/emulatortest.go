@@ -1,8 +1,11 @@
 // Package emulatortest connects integration tests to an SNS/SQS endpoint:
 // FIFOBOX_TEST_AWS_ENDPOINT (or AWS_ENDPOINT_URL) if set, such as LocalStack
 // or Floci; else, with FIFOBOX_TESTCONTAINERS=1 and -tags testcontainers, a
-// Floci (or LocalStack) container; otherwise the Docker-free fauxqs emulator on 127.0.0.1:4566,
-// started through localstack/emulator.sh if it is not running. Each test
+// Floci (or LocalStack) container; otherwise the Docker-free fauxqs emulator
+// on 127.0.0.1:4566 (FIFOBOX_EMULATOR_PORT), started through
+// localstack/emulator.sh if it is not running. An emulator started here
+// stops by itself when the `go test` command that needed it ends (see
+// owners.go); one that was already running is left alone. Each test
 // provisions its own topology under a unique name prefix, so tests run in
 // parallel on one emulator. FIFOBOX_SKIP_EMULATOR=1 skips these tests.
 package emulatortest
@@ -17,6 +20,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -65,23 +69,43 @@ func Endpoint(tb testing.TB) string {
 			}
 			return
 		}
-		endpoint = "http://127.0.0.1:4566"
-		if healthy(endpoint) {
-			fmt.Fprintf(os.Stderr, "emulatortest: using the emulator already running at %s\n", endpoint)
-			return
+		port := 4566
+		if p, err := strconv.Atoi(os.Getenv("FIFOBOX_EMULATOR_PORT")); err == nil && p > 0 {
+			port = p
 		}
-		cmd := exec.Command(filepath.Join(RepoRoot(), "localstack", "emulator.sh"), "start")
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-		if err := cmd.Run(); err != nil {
-			startErr = fmt.Errorf("start emulator: %w", err)
-			return
-		}
-		fmt.Fprintf(os.Stderr, "emulatortest: started fauxqs at %s\n", endpoint)
+		endpoint = fmt.Sprintf("http://127.0.0.1:%d", port)
+		startErr = withLock(port, func() error { return startOrJoin(port, endpoint) })
 	})
 	if startErr != nil {
 		tb.Fatalf("emulatortest: %v (set FIFOBOX_SKIP_EMULATOR=1 to skip)", startErr)
 	}
 	return endpoint
+}
+
+// startOrJoin uses the emulator on port, co-owning it if tests started it,
+// or starts one owned by this `go test` command. Called under the owners lock.
+func startOrJoin(port int, endpoint string) error {
+	if healthy(endpoint) {
+		if _, err := os.Stat(ownersDir(port)); err == nil {
+			fmt.Fprintf(os.Stderr, "emulatortest: using the emulator tests started at %s\n", endpoint)
+			return register(port)
+		}
+		fmt.Fprintf(os.Stderr, "emulatortest: using the emulator already running at %s\n", endpoint)
+		return nil
+	}
+	_ = os.RemoveAll(ownersDir(port)) // left by an emulator that did not exit cleanly
+	if err := register(port); err != nil {
+		return fmt.Errorf("register as the emulator's owner: %w", err)
+	}
+	cmd := exec.Command(filepath.Join(RepoRoot(), "localstack", "emulator.sh"), "start")
+	cmd.Env = append(os.Environ(), fmt.Sprintf("FIFOBOX_EMULATOR_PORT=%d", port), "FIFOBOX_EMULATOR_OWNERS="+ownersDir(port))
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		_ = os.RemoveAll(ownersDir(port))
+		return fmt.Errorf("start emulator: %w", err)
+	}
+	fmt.Fprintf(os.Stderr, "emulatortest: started fauxqs at %s; it stops when this go test command ends\n", endpoint)
+	return nil
 }
 
 // Config returns SDK configuration for the endpoint with dummy credentials.
@@ -208,7 +232,17 @@ func (p *Process) Start() {
 	p.tb.Helper()
 	root := RepoRoot()
 	p.cmd = exec.Command(filepath.Join(root, "localstack", "node_modules", ".bin", "node"), filepath.Join(root, "localstack", "launcher.mjs"))
-	p.cmd.Env = append(os.Environ(), fmt.Sprintf("FIFOBOX_EMULATOR_PORT=%d", p.Port), "FIFOBOX_EMULATOR_DATA_DIR="+p.dataDir)
+	// Owned by this test process: if it dies before its cleanup runs (a
+	// panic, a timeout), the emulator exits by itself.
+	owners := filepath.Join(p.dataDir, "owners")
+	if err := os.MkdirAll(owners, 0o755); err != nil {
+		p.tb.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(owners, strconv.Itoa(os.Getpid())), nil, 0o644); err != nil {
+		p.tb.Fatal(err)
+	}
+	p.cmd.Env = append(os.Environ(), fmt.Sprintf("FIFOBOX_EMULATOR_PORT=%d", p.Port), "FIFOBOX_EMULATOR_DATA_DIR="+filepath.Join(p.dataDir, "state"),
+		"FIFOBOX_EMULATOR_OWNERS="+owners)
 	if err := p.cmd.Start(); err != nil {
 		p.tb.Fatalf("emulatortest: start dedicated emulator: %v", err)
 	}

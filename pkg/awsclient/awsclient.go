@@ -15,7 +15,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"sync"
 	"time"
 
@@ -23,13 +22,22 @@ import (
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/sns"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
+
+	"github.com/fifobox/fifobox/pkg/envspec"
 )
+
+// Env is what Load reads itself; the SDK reads the rest of the standard
+// AWS_* variables (credentials, AWS_ENDPOINT_URL), which Lambda sets.
+var Env = envspec.Set{
+	{Name: "AWS_REGION", Reserved: true, Doc: "the region (set by Lambda)"},
+	{Name: "AWS_DEFAULT_REGION", Reserved: true, Doc: "the region, older name (set by Lambda)"},
+}
 
 // Load returns the SDK configuration from the environment. Region defaults
 // to us-east-1 when none is configured.
 func Load(ctx context.Context) (aws.Config, error) {
 	var opts []func(*config.LoadOptions) error
-	if os.Getenv("AWS_REGION") == "" && os.Getenv("AWS_DEFAULT_REGION") == "" {
+	if Env.Get("AWS_REGION") == "" && Env.Get("AWS_DEFAULT_REGION") == "" {
 		opts = append(opts, config.WithRegion("us-east-1"))
 	}
 	cfg, err := config.LoadDefaultConfig(ctx, opts...)

@@ -24,6 +24,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/feature/rds/auth"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fifobox/fifobox/pkg/envspec"
 )
 
 // Config says how to reach PostgreSQL. Either URL, or Host/Name/User with IAMAuth.
@@ -47,11 +49,25 @@ type Config struct {
 	MaxConns int32
 }
 
+// Env is every variable FromEnv reads (declare a new one here; the Lambda
+// runtime contract tests check the CDK template against this list).
+var Env = envspec.Set{
+	{Name: "FIFOBOX_DATABASE_URL", Doc: "a plain PostgreSQL connection string; or the FIFOBOX_DB_* settings"},
+	{Name: "FIFOBOX_DB_HOST", Doc: "RDS Proxy endpoint (with FIFOBOX_DB_NAME, FIFOBOX_DB_USER, FIFOBOX_DB_IAM_AUTH=true)"},
+	{Name: "FIFOBOX_DB_PORT", Doc: "port (default 5432)"},
+	{Name: "FIFOBOX_DB_NAME", Doc: "database name"},
+	{Name: "FIFOBOX_DB_USER", Doc: "database user, authenticated with IAM tokens"},
+	{Name: "FIFOBOX_DB_IAM_AUTH", Doc: "true: mint an IAM auth token per connection"},
+	{Name: "FIFOBOX_DB_CA_BUNDLE", Doc: "PEM file of extra trusted roots"},
+	{Name: "FIFOBOX_DB_MAX_CONNS", Doc: "pool size (default 4)"},
+	{Name: "AWS_REGION", Reserved: true, Doc: "region for IAM auth tokens (set by Lambda)"},
+}
+
 // FromEnv reads the configuration from the environment.
 func FromEnv() (Config, error) {
 	c := Config{
-		URL: os.Getenv("FIFOBOX_DATABASE_URL"), Host: os.Getenv("FIFOBOX_DB_HOST"), Name: os.Getenv("FIFOBOX_DB_NAME"),
-		User: os.Getenv("FIFOBOX_DB_USER"), Region: os.Getenv("AWS_REGION"), CABundle: os.Getenv("FIFOBOX_DB_CA_BUNDLE"),
+		URL: Env.Get("FIFOBOX_DATABASE_URL"), Host: Env.Get("FIFOBOX_DB_HOST"), Name: Env.Get("FIFOBOX_DB_NAME"),
+		User: Env.Get("FIFOBOX_DB_USER"), Region: Env.Get("AWS_REGION"), CABundle: Env.Get("FIFOBOX_DB_CA_BUNDLE"),
 	}
 	var err error
 	if c.Port, err = intEnv("FIFOBOX_DB_PORT", 5432); err != nil {
@@ -62,7 +78,7 @@ func FromEnv() (Config, error) {
 		return c, err
 	}
 	c.MaxConns = int32(maxConns)
-	if v := os.Getenv("FIFOBOX_DB_IAM_AUTH"); v != "" {
+	if v := Env.Get("FIFOBOX_DB_IAM_AUTH"); v != "" {
 		if c.IAMAuth, err = strconv.ParseBool(v); err != nil {
 			return c, fmt.Errorf("FIFOBOX_DB_IAM_AUTH=%q: want true or false", v)
 		}
@@ -71,7 +87,7 @@ func FromEnv() (Config, error) {
 }
 
 func intEnv(name string, def int) (int, error) {
-	v := os.Getenv(name)
+	v := Env.Get(name)
 	if v == "" {
 		return def, nil
 	}

@@ -19,6 +19,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/fifobox/fifobox/pkg/envspec"
 )
 
 // Unit is a CloudWatch metric unit.
@@ -60,9 +62,15 @@ func New(w io.Writer, namespace string) *Emitter {
 	return &Emitter{namespace: namespace, w: w, Now: time.Now}
 }
 
+// Env is every variable FromEnv reads (the Lambda runtime contract tests
+// check the CDK template against it).
+var Env = envspec.Set{
+	{Name: "FIFOBOX_METRICS_NAMESPACE", Doc: "CloudWatch namespace of the EMF metrics (default Fifobox)"},
+}
+
 // FromEnv returns an Emitter writing to stdout with the namespace from
 // FIFOBOX_METRICS_NAMESPACE (default "Fifobox").
-func FromEnv() *Emitter { return New(os.Stdout, os.Getenv("FIFOBOX_METRICS_NAMESPACE")) }
+func FromEnv() *Emitter { return New(os.Stdout, Env.Get("FIFOBOX_METRICS_NAMESPACE")) }
 
 // Namespace returns the CloudWatch namespace.
 func (e *Emitter) Namespace() string { return e.namespace }

@@ -8,10 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"strconv"
 	"time"
 
+	"github.com/fifobox/fifobox/pkg/envspec"
 	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/metrics"
 	"github.com/fifobox/fifobox/pkg/topology"
@@ -63,26 +63,35 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// ConfigFromEnv reads FIFOBOX_CONSUMER_NAME, FIFOBOX_DLQ_URL,
-// FIFOBOX_CONSUMER_ORDER, FIFOBOX_MAX_RECEIVE_COUNT,
-// FIFOBOX_DEADLINE_MARGIN and FIFOBOX_LOG_AGGREGATE_IDS.
+// Env is every variable ConfigFromEnv reads (declare a new one here; the
+// runtime contract tests check the CDK template against this list).
+var Env = envspec.Set{
+	{Name: "FIFOBOX_CONSUMER_NAME", Required: true, Doc: "the consumer's name: inbox key, metric dimension, side effect"},
+	{Name: "FIFOBOX_DLQ_URL", Required: true, Doc: "the consumer queue's FIFO dead-letter queue URL"},
+	{Name: "FIFOBOX_CONSUMER_ORDER", Doc: "strict (default) or relaxed per-aggregate order after a dead-lettered event"},
+	{Name: "FIFOBOX_MAX_RECEIVE_COUNT", Doc: "the queue's maxReceiveCount (1-1000; default from the topology)"},
+	{Name: "FIFOBOX_DEADLINE_MARGIN", Doc: "no record starts this close to the invocation's deadline (Go duration, default 3s)"},
+	{Name: "FIFOBOX_LOG_AGGREGATE_IDS", Doc: "log group (aggregate) ids (true/false, default false)"},
+}
+
+// ConfigFromEnv reads the variables in Env.
 func ConfigFromEnv() (Config, error) {
-	c := Config{Consumer: os.Getenv("FIFOBOX_CONSUMER_NAME"), DLQURL: os.Getenv("FIFOBOX_DLQ_URL"), Order: os.Getenv("FIFOBOX_CONSUMER_ORDER")}
-	if v := os.Getenv("FIFOBOX_MAX_RECEIVE_COUNT"); v != "" {
+	c := Config{Consumer: Env.Get("FIFOBOX_CONSUMER_NAME"), DLQURL: Env.Get("FIFOBOX_DLQ_URL"), Order: Env.Get("FIFOBOX_CONSUMER_ORDER")}
+	if v := Env.Get("FIFOBOX_MAX_RECEIVE_COUNT"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > 1000 {
 			return c, fmt.Errorf("FIFOBOX_MAX_RECEIVE_COUNT=%q: want 1-1000 (the queue's maxReceiveCount)", v)
 		}
 		c.MaxReceiveCount = n
 	}
-	if v := os.Getenv("FIFOBOX_DEADLINE_MARGIN"); v != "" {
+	if v := Env.Get("FIFOBOX_DEADLINE_MARGIN"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || d < 0 {
 			return c, fmt.Errorf("FIFOBOX_DEADLINE_MARGIN=%q: want a Go duration such as 3s", v)
 		}
 		c.DeadlineMargin = d
 	}
-	if v := os.Getenv("FIFOBOX_LOG_AGGREGATE_IDS"); v != "" {
+	if v := Env.Get("FIFOBOX_LOG_AGGREGATE_IDS"); v != "" {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
 			return c, fmt.Errorf("FIFOBOX_LOG_AGGREGATE_IDS=%q: want true or false", v)

@@ -17,11 +17,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"strconv"
 	"sync"
 	"time"
 
+	"github.com/fifobox/fifobox/pkg/envspec"
 	"github.com/fifobox/fifobox/pkg/metrics"
 	"github.com/fifobox/fifobox/pkg/outbox"
 )
@@ -72,6 +72,22 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// Env is every variable ConfigFromEnv reads (declare a new one here; the
+// runtime contract tests check the CDK template against this list).
+var Env = envspec.Set{
+	{Name: "FIFOBOX_TOPIC_ARN", Required: true, Doc: "the SNS FIFO topic's ARN"},
+	{Name: "FIFOBOX_BATCH_SIZE", Doc: "most events one claim takes (positive integer, default 500)"},
+	{Name: "FIFOBOX_MAX_RUN", Doc: "most consecutive events of one aggregate per claim (positive integer, default half the batch)"},
+	{Name: "FIFOBOX_RUN_BUDGET", Doc: "time one aggregate's run may take to publish (Go duration, default 100ms)"},
+	{Name: "FIFOBOX_PUBLISH_CONCURRENCY", Doc: "concurrent PublishBatch calls (positive integer)"},
+	{Name: "FIFOBOX_MAX_ATTEMPTS", Doc: "optional cap on publish attempts per event (0 or unset: none; RetryFor decides)"},
+	{Name: "FIFOBOX_RETRY_FOR", Doc: "how long retryable publish failures are retried before the event goes dead (Go duration, default 24h)"},
+	{Name: "FIFOBOX_POLL_INTERVAL", Doc: "pause between claims when nothing is due (Go duration)"},
+	{Name: "FIFOBOX_DEADLINE_MARGIN", Doc: "time kept free before the invocation's deadline (Go duration)"},
+	{Name: "FIFOBOX_METRICS_INTERVAL", Doc: "how often gauges and counts are emitted while running (Go duration, default 10s)"},
+	{Name: "FIFOBOX_LOG_AGGREGATE_IDS", Doc: "log aggregate ids (true/false, default false: they may carry personal data)"},
+}
+
 // ConfigFromEnv reads FIFOBOX_TOPIC_ARN (required) and the optional knobs: FIFOBOX_BATCH_SIZE,
 // FIFOBOX_MAX_RUN, FIFOBOX_PUBLISH_CONCURRENCY, FIFOBOX_MAX_ATTEMPTS (0: no
 // cap), FIFOBOX_RETRY_FOR, FIFOBOX_RUN_BUDGET, FIFOBOX_POLL_INTERVAL,
@@ -79,7 +95,7 @@ func (c Config) Validate() error {
 // "50ms", "3s", "24h"), FIFOBOX_LOG_AGGREGATE_IDS (true/false). Unset ones
 // keep their defaults; a bad value is an error naming the variable.
 func ConfigFromEnv() (Config, error) {
-	c := Config{TopicARN: os.Getenv("FIFOBOX_TOPIC_ARN")}
+	c := Config{TopicARN: Env.Get("FIFOBOX_TOPIC_ARN")}
 	if c.TopicARN == "" {
 		return c, errors.New("FIFOBOX_TOPIC_ARN is required: the SNS FIFO topic's ARN")
 	}
@@ -93,7 +109,7 @@ func ConfigFromEnv() (Config, error) {
 		{"FIFOBOX_MAX_ATTEMPTS", &c.Dispatcher.MaxAttempts},
 	}
 	for _, v := range ints {
-		if s := os.Getenv(v.name); s != "" {
+		if s := Env.Get(v.name); s != "" {
 			n, err := strconv.Atoi(s)
 			if err != nil || n < 0 || (n == 0 && v.name != "FIFOBOX_MAX_ATTEMPTS") {
 				return c, fmt.Errorf("%s=%q: want a positive integer", v.name, s)
@@ -112,7 +128,7 @@ func ConfigFromEnv() (Config, error) {
 		{"FIFOBOX_METRICS_INTERVAL", &c.MetricsInterval},
 	}
 	for _, v := range durs {
-		if s := os.Getenv(v.name); s != "" {
+		if s := Env.Get(v.name); s != "" {
 			d, err := time.ParseDuration(s)
 			if err != nil || d <= 0 {
 				return c, fmt.Errorf("%s=%q: want a positive duration such as 500ms or 3s", v.name, s)
@@ -120,7 +136,7 @@ func ConfigFromEnv() (Config, error) {
 			*v.dst = d
 		}
 	}
-	if s := os.Getenv("FIFOBOX_LOG_AGGREGATE_IDS"); s != "" {
+	if s := Env.Get("FIFOBOX_LOG_AGGREGATE_IDS"); s != "" {
 		b, err := strconv.ParseBool(s)
 		if err != nil {
 			return c, fmt.Errorf("FIFOBOX_LOG_AGGREGATE_IDS=%q: want true or false", s)

@@ -10,10 +10,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 
 	"github.com/aws/aws-lambda-go/lambdacontext"
 
+	"github.com/fifobox/fifobox/pkg/envspec"
 	"github.com/fifobox/fifobox/pkg/redrive"
 )
 
@@ -44,10 +44,19 @@ func (c Config) checkDefault() error {
 	return redrive.CheckOperation(c.DefaultOperation)
 }
 
+// Env is every variable the redrive function's init reads: ConfigFromEnv's,
+// and FIFOBOX_QUEUES, which functions/redrive hands to redrive.ParseQueues
+// (declare a new one here; the runtime contract tests check the CDK
+// template against this list).
+var Env = envspec.Set{
+	{Name: "FIFOBOX_DEFAULT_OPERATION", Doc: "operation run when the event names none (the deploy trigger's migrate)"},
+	{Name: "FIFOBOX_QUEUES", Doc: `consumer queues as JSON {"<consumer>":{"queue_url":"...","dlq_url":"..."}}; unset: database-only operations`},
+}
+
 // ConfigFromEnv reads FIFOBOX_DEFAULT_OPERATION and checks it names an
 // operation, so a typo fails the function's init, not the deploy trigger.
 func ConfigFromEnv() (Config, error) {
-	c := Config{DefaultOperation: os.Getenv("FIFOBOX_DEFAULT_OPERATION")}
+	c := Config{DefaultOperation: Env.Get("FIFOBOX_DEFAULT_OPERATION")}
 	if err := c.checkDefault(); err != nil {
 		return c, fmt.Errorf("FIFOBOX_DEFAULT_OPERATION: %w", err)
 	}
