@@ -159,7 +159,9 @@ func (d *deployment) resource(t *testing.T) resolver {
 			if err != nil {
 				return "", err
 			}
-			t.Cleanup(func() { _, _ = d.em.SQS.DeleteQueue(context.Background(), &sqs.DeleteQueueInput{QueueUrl: out.QueueUrl}) })
+			t.Cleanup(func() {
+				_, _ = d.em.SQS.DeleteQueue(context.Background(), &sqs.DeleteQueueInput{QueueUrl: out.QueueUrl})
+			})
 			return pick(attr, *out.QueueUrl, arn)
 		}
 		return "", fmt.Errorf("no test resource for %s (%s)", id, r.Type)
