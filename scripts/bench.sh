@@ -39,8 +39,16 @@ echo "==> the same with cached prepared statements (pgx default; a direct connec
 FIFOBOX_TEST_QUERY_MODE=cache go test -count=1 -run '^$' -bench 'BenchmarkDispatch$' -benchtime 100000x -timeout 30m ./pkg/outbox/ | quiet
 
 settle
+echo "==> the dispatcher under skew: hot, deep, parked and zipf-spread aggregates beside uniform (in-process publisher)"
+go test -count=1 -run '^$' -bench 'BenchmarkDispatchSkew' -benchtime 1x -timeout 60m ./pkg/outbox/ | quiet
+
+settle
 echo "==> end to end through the emulator: dispatcher vs raw PublishBatch"
 go test -run '^$' -bench 'BenchmarkThroughEmulator' -benchtime 20000x -timeout 30m ./pkg/outbox/snspub/ | quiet
+
+settle
+echo "==> one deep aggregate through the emulator: its own rate (SNS FIFO allows 300 messages/s per group)"
+go test -run '^$' -bench 'BenchmarkDeepAggregateThroughEmulator' -benchtime 5000x -timeout 30m ./pkg/outbox/snspub/ | quiet
 
 settle
 echo "==> commit-to-publish latency at 1,000 events/s offered (emulator)"

@@ -159,10 +159,10 @@ func newAlarms(stack awscdk.Stack, cfg Config, p *Pipeline) {
 		// per consumer below). SNS publishes these only when it delivers:
 		// missing = nothing failed.
 		{name: AlarmDeliveryFailed, description: "SNS could not deliver events to a subscribed queue (a disabled key, a changed queue policy, a deleted queue): they are in the subscription DLQs; fix the cause, then `fifobox redrive`",
-			metric: p.Topic.MetricNumberOfNotificationsFailed(&awscloudwatch.MetricOptions{Statistic: jsii.String("Sum"), Period: awscdk.Duration_Minutes(jsii.Number(5))}),
+			metric:    p.Topic.MetricNumberOfNotificationsFailed(&awscloudwatch.MetricOptions{Statistic: jsii.String("Sum"), Period: awscdk.Duration_Minutes(jsii.Number(5))}),
 			threshold: th.DeliveryFailures, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
 		{name: AlarmDeliveryLost, description: "SNS could neither deliver events nor move them to the subscription DLQ: those events are lost for that consumer; replay them from the outbox (`fifobox replay`) once the DLQ is reachable",
-			metric: p.Topic.Metric(jsii.String("NumberOfNotificationsFailedToRedriveToDlq"), &awscloudwatch.MetricOptions{Statistic: jsii.String("Sum"), Period: awscdk.Duration_Minutes(jsii.Number(5))}),
+			metric:    p.Topic.Metric(jsii.String("NumberOfNotificationsFailedToRedriveToDlq"), &awscloudwatch.MetricOptions{Statistic: jsii.String("Sum"), Period: awscdk.Duration_Minutes(jsii.Number(5))}),
 			threshold: th.DeliveryLost, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
 	}
 	for _, cr := range p.Consumers {

@@ -27,10 +27,13 @@ type DB interface {
 type DispatcherConfig struct {
 	// BatchSize is the most events one claim takes. Default 500.
 	BatchSize int
-	// MaxRun is the most consecutive events of one aggregate one claim takes.
-	// Default BatchSize/2, so a claim always has room for other aggregates
-	// beside a hot one (whose old backlog puts it first in line). The run
-	// actually claimed is also bounded by RunBudget.
+	// MaxRun is the most consecutive events of one aggregate a claim takes
+	// while other aggregates compete for the batch. Default BatchSize/4, so a
+	// claim always has room for other aggregates beside a hot one (whose old
+	// backlog puts it first in line). When the claim leaves the batch room,
+	// a run that reached MaxRun is extended (up to BatchSize): an aggregate
+	// draining alone pays one claim and one mark per batch, not per MaxRun
+	// events. Every run is also bounded by RunBudget.
 	MaxRun int
 	// RunBudget is how long publishing one aggregate's run may take: a run
 	// goes out one event per call, each after the previous one was
@@ -107,7 +110,7 @@ func (c *DispatcherConfig) setDefaults() {
 		}
 	}
 	def(&c.BatchSize, 500)
-	def(&c.MaxRun, max(c.BatchSize/2, 1))
+	def(&c.MaxRun, max(c.BatchSize/4, 1))
 	def(&c.PublishBatchSize, 10)
 	def(&c.PublishConcurrency, 16)
 	def(&c.Workers, 4)
@@ -313,6 +316,7 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (BatchResult, error) {
 	if err != nil {
 		return BatchResult{}, err
 	}
+	d.extend(ctx, token, runs)
 	if len(empties) > 0 {
 		d.idle(ctx, empties)
 	}
@@ -503,17 +507,102 @@ func (d *Dispatcher) stopAt(ctx context.Context) (time.Time, bool) {
 	return dl.Add(-d.cfg.DeadlineMargin), true
 }
 
-// runLimit is the longest run the next claim takes: what can be published
-// in RunBudget at the measured latency of one Publish call.
-func (d *Dispatcher) runLimit() int {
+// runLimit is the longest run the next claim takes: MaxRun, or less if
+// that is more than can be published in RunBudget.
+func (d *Dispatcher) runLimit() int { return min(d.runBudgetLimit(), d.cfg.MaxRun) }
+
+// runBudgetLimit is the longest run one batch may carry: what can be
+// published in RunBudget at the measured latency of one Publish call, at
+// most BatchSize.
+func (d *Dispatcher) runBudgetLimit() int {
 	d.mu.Lock()
 	lat := d.latency
 	d.mu.Unlock()
-	n := d.cfg.MaxRun
+	n := d.cfg.BatchSize
 	if lat > 0 {
-		n = int(min(int64(d.cfg.RunBudget/lat), int64(d.cfg.MaxRun)))
+		n = int(min(int64(d.cfg.RunBudget/lat), int64(d.cfg.BatchSize)))
 	}
 	return max(n, 1)
+}
+
+// maxExtensions bounds the extension statements per batch: each is a round
+// trip, worth it only for the few runs that hold most of a skewed batch.
+const maxExtensions = 4
+
+// extend lengthens runs that reached the claim's run limit while the batch
+// has room left (outbox_extend_run): an aggregate with a deep backlog and
+// no competitors fills the batch instead of taking MaxRun events per claim
+// and mark. Oldest runs first, as claimed. Optional: on failure the batch
+// goes out as claimed.
+func (d *Dispatcher) extend(ctx context.Context, token uuid.UUID, runs []*run) {
+	room := d.cfg.BatchSize
+	for _, r := range runs {
+		room -= len(r.msgs)
+	}
+	limit, budget := d.runLimit(), d.runBudgetLimit()
+	if room <= 0 || budget <= limit {
+		return
+	}
+	n := 0
+	for _, r := range runs {
+		if room <= 0 || n == maxExtensions {
+			return
+		}
+		if len(r.msgs) != limit {
+			continue // the run ended on its own: nothing consecutive is pending
+		}
+		n++
+		more, err := d.extendRun(ctx, token, r, min(budget-len(r.msgs), room))
+		if err != nil {
+			d.log.Warn("outbox: extend run failed; publishing the batch as claimed", "error", err.Error())
+			return
+		}
+		room -= more
+	}
+}
+
+func (d *Dispatcher) extendRun(ctx context.Context, token uuid.UUID, r *run, most int) (int, error) {
+	select {
+	case d.dbSlots <- struct{}{}:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	defer func() { <-d.dbSlots }()
+	end := time.Now().Add(d.cfg.MarkTimeout)
+	if dl, ok := ctx.Deadline(); ok {
+		end = minTime(end, dl.Add(-returnMargin))
+	}
+	ectx, cancel := context.WithDeadline(context.WithoutCancel(ctx), end)
+	defer cancel()
+	last := r.msgs[len(r.msgs)-1]
+	rows, err := d.db.Query(ectx, sqlExtendRun, r.typ, r.id, last.Sequence, most, token)
+	if err != nil {
+		return 0, fmt.Errorf("extend run: %w", err)
+	}
+	defer rows.Close()
+	var more []Message
+	for rows.Next() {
+		var (
+			id, seq                              int64
+			eventID, eventType, tenant, traceprt string
+			attempts                             int32
+			body                                 []byte
+		)
+		if err := rows.Scan(&id, &eventID, &seq, &eventType, &tenant, &traceprt, &attempts, &body); err != nil {
+			return 0, fmt.Errorf("extend run: scan: %w", err)
+		}
+		m := Message{ID: id, EventID: eventID, GroupID: r.id, DedupID: eventID, AggregateType: r.typ,
+			Sequence: seq, EventType: eventType, Body: body, Attempt: int(attempts) + 1}
+		m.Attributes = attributes(m.EventType, m.AggregateType, tenant, traceprt)
+		more = append(more, m)
+	}
+	if err := rows.Err(); err != nil {
+		return 0, fmt.Errorf("extend run: %w", err)
+	}
+	// All or nothing: a run is only ever published from its first event on,
+	// in sequence order, so appending is safe only for the rows in full.
+	r.msgs = append(r.msgs, more...)
+	return len(more), nil
 }
 
 func (d *Dispatcher) observeLatency(took time.Duration) {

@@ -77,7 +77,7 @@ func (c Config) Validate() error {
 var Env = envspec.Set{
 	{Name: "FIFOBOX_TOPIC_ARN", Required: true, Doc: "the SNS FIFO topic's ARN"},
 	{Name: "FIFOBOX_BATCH_SIZE", Doc: "most events one claim takes (positive integer, default 500)"},
-	{Name: "FIFOBOX_MAX_RUN", Doc: "most consecutive events of one aggregate per claim (positive integer, default half the batch)"},
+	{Name: "FIFOBOX_MAX_RUN", Doc: "most consecutive events of one aggregate per claim while other aggregates compete (positive integer, default a quarter of the batch; extended when the batch has room)"},
 	{Name: "FIFOBOX_RUN_BUDGET", Doc: "time one aggregate's run may take to publish (Go duration, default 100ms)"},
 	{Name: "FIFOBOX_PUBLISH_CONCURRENCY", Doc: "concurrent PublishBatch calls (positive integer)"},
 	{Name: "FIFOBOX_MAX_ATTEMPTS", Doc: "optional cap on publish attempts per event (0 or unset: none; RetryFor decides)"},
