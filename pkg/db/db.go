@@ -12,6 +12,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/feature/rds/auth"
+	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -39,6 +41,15 @@ type Config struct {
 	User string
 	// IAMAuth mints an RDS IAM auth token per new connection (FIFOBOX_DB_IAM_AUTH=true).
 	IAMAuth bool
+	// SecretARN instead authenticates with the user name and password of a
+	// Secrets Manager secret (FIFOBOX_DB_SECRET_ARN), read for every new
+	// connection so a rotation is picked up. Only the migration function
+	// uses it: migrations run as the database owner (the master user),
+	// straight to the cluster; every other function logs in with IAM as its
+	// own role's user (migrations/00011_roles.sql).
+	SecretARN string
+	// FetchSecret reads SecretARN's credentials; default Secrets Manager.
+	FetchSecret SecretFunc
 	// Region for IAM tokens (AWS_REGION).
 	Region string
 	// CABundle is a PEM file of extra trusted roots (FIFOBOX_DB_CA_BUNDLE);
@@ -58,6 +69,7 @@ var Env = envspec.Set{
 	{Name: "FIFOBOX_DB_NAME", Doc: "database name"},
 	{Name: "FIFOBOX_DB_USER", Doc: "database user, authenticated with IAM tokens"},
 	{Name: "FIFOBOX_DB_IAM_AUTH", Doc: "true: mint an IAM auth token per connection"},
+	{Name: "FIFOBOX_DB_SECRET_ARN", Doc: "Secrets Manager secret (username, password) to log in with instead of IAM: the migration function's owner credentials"},
 	{Name: "FIFOBOX_DB_CA_BUNDLE", Doc: "PEM file of extra trusted roots"},
 	{Name: "FIFOBOX_DB_MAX_CONNS", Doc: "pool size (default 4)"},
 	{Name: "AWS_REGION", Reserved: true, Doc: "region for IAM auth tokens (set by Lambda)"},
@@ -68,6 +80,7 @@ func FromEnv() (Config, error) {
 	c := Config{
 		URL: Env.Get("FIFOBOX_DATABASE_URL"), Host: Env.Get("FIFOBOX_DB_HOST"), Name: Env.Get("FIFOBOX_DB_NAME"),
 		User: Env.Get("FIFOBOX_DB_USER"), Region: Env.Get("AWS_REGION"), CABundle: Env.Get("FIFOBOX_DB_CA_BUNDLE"),
+		SecretARN: Env.Get("FIFOBOX_DB_SECRET_ARN"),
 	}
 	var err error
 	if c.Port, err = intEnv("FIFOBOX_DB_PORT", 5432); err != nil {
@@ -111,14 +124,21 @@ func (c Config) Validate() error {
 		return errors.New("FIFOBOX_DATABASE_URL or FIFOBOX_DB_HOST is required")
 	case c.Name == "":
 		return errors.New("FIFOBOX_DB_NAME is required with FIFOBOX_DB_HOST")
-	case c.User == "":
-		return errors.New("FIFOBOX_DB_USER is required with FIFOBOX_DB_HOST")
 	case c.Port <= 0 || c.Port > 65535:
 		return fmt.Errorf("FIFOBOX_DB_PORT=%d: must be 1-65535", c.Port)
+	case c.IAMAuth && c.SecretARN != "":
+		return errors.New("FIFOBOX_DB_SECRET_ARN: set it or FIFOBOX_DB_IAM_AUTH=true, not both")
+	case c.SecretARN != "":
+		if c.Region == "" {
+			return errors.New("AWS_REGION is required with FIFOBOX_DB_SECRET_ARN")
+		}
+		return nil // the user name comes from the secret
+	case c.User == "":
+		return errors.New("FIFOBOX_DB_USER is required with FIFOBOX_DB_HOST")
 	case c.IAMAuth && c.Region == "":
 		return errors.New("AWS_REGION is required with FIFOBOX_DB_IAM_AUTH=true")
 	case !c.IAMAuth:
-		return errors.New("FIFOBOX_DB_IAM_AUTH=true is required with FIFOBOX_DB_HOST (passwords belong in FIFOBOX_DATABASE_URL)")
+		return errors.New("FIFOBOX_DB_IAM_AUTH=true (or FIFOBOX_DB_SECRET_ARN) is required with FIFOBOX_DB_HOST (passwords belong in FIFOBOX_DATABASE_URL)")
 	}
 	return nil
 }
@@ -161,6 +181,25 @@ func PoolConfig(c Config, creds aws.CredentialsProvider, mint TokenFunc) (*pgxpo
 		}
 		pc.ConnConfig.TLSConfig = &tls.Config{ServerName: c.Host, RootCAs: roots, MinVersion: tls.VersionTLS12}
 		pc.ConnConfig.Fallbacks = nil // never fall back to plaintext
+		if c.SecretARN != "" {
+			fetch := c.FetchSecret
+			if fetch == nil {
+				if creds == nil {
+					return nil, errors.New("database config: FIFOBOX_DB_SECRET_ARN needs AWS credentials")
+				}
+				fetch = secretsManagerFetch(c.Region, creds)
+			}
+			// Read for every new connection: a rotated password is picked up.
+			pc.BeforeConnect = func(ctx context.Context, cc *pgx.ConnConfig) error {
+				user, password, err := fetch(ctx, c.SecretARN)
+				if err != nil {
+					return fmt.Errorf("read database secret: %w", err)
+				}
+				cc.User, cc.Password = user, password
+				return nil
+			}
+			return finishPoolConfig(pc, c), nil
+		}
 		if mint == nil {
 			mint = func(ctx context.Context, endpoint, region, user string, creds aws.CredentialsProvider) (string, error) {
 				return auth.BuildAuthToken(ctx, endpoint, region, user, creds)
@@ -181,6 +220,10 @@ func PoolConfig(c Config, creds aws.CredentialsProvider, mint TokenFunc) (*pgxpo
 			return nil
 		}
 	}
+	return finishPoolConfig(pc, c), nil
+}
+
+func finishPoolConfig(pc *pgxpool.Config, c Config) *pgxpool.Config {
 	pc.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
 	pc.MaxConns = c.MaxConns
 	if pc.MaxConns <= 0 {
@@ -188,7 +231,30 @@ func PoolConfig(c Config, creds aws.CredentialsProvider, mint TokenFunc) (*pgxpo
 	}
 	pc.MaxConnIdleTime = 5 * time.Minute
 	pc.ConnConfig.ConnectTimeout = ConnectTimeout
-	return pc, nil
+	return pc
+}
+
+// SecretFunc returns the user name and password held by a secret.
+type SecretFunc func(ctx context.Context, arn string) (user, password string, err error)
+
+// secretsManagerFetch reads an RDS-style secret (JSON with username and
+// password, as RDS generates for a cluster's master user).
+func secretsManagerFetch(region string, creds aws.CredentialsProvider) SecretFunc {
+	client := secretsmanager.NewFromConfig(aws.Config{Region: region, Credentials: creds})
+	return func(ctx context.Context, arn string) (string, string, error) {
+		out, err := client.GetSecretValue(ctx, &secretsmanager.GetSecretValueInput{SecretId: aws.String(arn)})
+		if err != nil {
+			return "", "", err
+		}
+		var v struct {
+			Username string `json:"username"`
+			Password string `json:"password"`
+		}
+		if out.SecretString == nil || json.Unmarshal([]byte(*out.SecretString), &v) != nil || v.Username == "" || v.Password == "" {
+			return "", "", errors.New("secret is not JSON with username and password")
+		}
+		return v.Username, v.Password, nil
+	}
 }
 
 // ConnectTimeout bounds one connection attempt (dial, TLS, authentication).

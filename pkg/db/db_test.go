@@ -2,6 +2,7 @@ package db_test
 
 import (
 	"context"
+	"fmt"
 	"net/url"
 	"strings"
 	"sync/atomic"
@@ -27,9 +28,11 @@ func TestFromEnvValidationNamesTheVariable(t *testing.T) {
 		{map[string]string{"FIFOBOX_DB_HOST": "proxy", "FIFOBOX_DB_NAME": "app", "FIFOBOX_DB_USER": "u", "FIFOBOX_DB_IAM_AUTH": "maybe"}, "FIFOBOX_DB_IAM_AUTH"},
 		{map[string]string{"FIFOBOX_DB_HOST": "proxy", "FIFOBOX_DB_NAME": "app", "FIFOBOX_DB_USER": "u", "FIFOBOX_DB_IAM_AUTH": "true", "AWS_REGION": ""}, "AWS_REGION"},
 		{map[string]string{"FIFOBOX_DATABASE_URL": "postgres://u:secret@h:notaport/db"}, "FIFOBOX_DATABASE_URL"},
+		{map[string]string{"FIFOBOX_DB_HOST": "cluster", "FIFOBOX_DB_NAME": "app", "FIFOBOX_DB_SECRET_ARN": "arn:s", "FIFOBOX_DB_IAM_AUTH": "true", "AWS_REGION": "eu-west-1"}, "FIFOBOX_DB_SECRET_ARN"},
+		{map[string]string{"FIFOBOX_DB_HOST": "cluster", "FIFOBOX_DB_NAME": "app", "FIFOBOX_DB_SECRET_ARN": "arn:s"}, "AWS_REGION"},
 	}
 	for _, tc := range cases {
-		for _, k := range []string{"FIFOBOX_DATABASE_URL", "FIFOBOX_DB_HOST", "FIFOBOX_DB_NAME", "FIFOBOX_DB_USER", "FIFOBOX_DB_PORT", "FIFOBOX_DB_IAM_AUTH", "AWS_REGION", "FIFOBOX_DB_MAX_CONNS"} {
+		for _, k := range []string{"FIFOBOX_DATABASE_URL", "FIFOBOX_DB_HOST", "FIFOBOX_DB_NAME", "FIFOBOX_DB_USER", "FIFOBOX_DB_PORT", "FIFOBOX_DB_IAM_AUTH", "AWS_REGION", "FIFOBOX_DB_MAX_CONNS", "FIFOBOX_DB_SECRET_ARN"} {
 			t.Setenv(k, tc.env[k])
 		}
 		_, err := db.FromEnv()
@@ -83,6 +86,39 @@ func TestIAMTokenPerConnection(t *testing.T) {
 			q.Get("X-Amz-Signature") == "" || !strings.Contains(q.Get("X-Amz-Credential"), "AKIDEXAMPLE/") ||
 			!strings.Contains(q.Get("X-Amz-Credential"), "/eu-west-1/rds-db/aws4_request") || q.Get("X-Amz-Expires") != "900" {
 			t.Fatalf("token does not look like an RDS IAM token for the proxy: %s", cc.Password)
+		}
+	}
+}
+
+// The migration function's path: the owner's user name and password come
+// from its secret, read again for every new connection (a rotated password
+// is used from the next connection on), over verified TLS.
+func TestSecretCredentialsPerConnection(t *testing.T) {
+	password := "first"
+	var reads int
+	cfg := db.Config{Host: "cluster.example.internal", Port: 5432, Name: "app", SecretARN: "arn:aws:secretsmanager:eu-west-1:1:secret:db",
+		Region: "eu-west-1", FetchSecret: func(_ context.Context, arn string) (string, string, error) {
+			reads++
+			if arn != "arn:aws:secretsmanager:eu-west-1:1:secret:db" {
+				return "", "", fmt.Errorf("unexpected secret %s", arn)
+			}
+			return "master", password, nil
+		}}
+	pc, err := db.PoolConfig(cfg, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pc.ConnConfig.TLSConfig == nil || pc.ConnConfig.TLSConfig.ServerName != cfg.Host || len(pc.ConnConfig.Fallbacks) != 0 {
+		t.Fatalf("TLS not verified against the host: %+v", pc.ConnConfig.TLSConfig)
+	}
+	for i, want := range []string{"first", "rotated"} {
+		password = want
+		cc := pc.ConnConfig.Copy()
+		if err := pc.BeforeConnect(context.Background(), cc); err != nil {
+			t.Fatal(err)
+		}
+		if cc.User != "master" || cc.Password != want || reads != i+1 {
+			t.Fatalf("connection %d: user %q password %q after %d reads", i+1, cc.User, cc.Password, reads)
 		}
 	}
 }
