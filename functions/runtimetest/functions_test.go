@@ -97,7 +97,7 @@ type template struct {
 // templateFunction is one function of a template, found by its
 // fifobox:function tag (infra/stacks.FunctionTag).
 type templateFunction struct {
-	Key     string // "dispatcher", "redrive", "consumer:<name>"
+	Key     string // "dispatcher", "redrive", "consumer:<name>", "migration"
 	Binary  string // the bootstrap it runs: dispatcher, consumer or redrive
 	ID      string // logical id
 	Env     map[string]any
@@ -189,6 +189,9 @@ func functions(tb testing.TB, tpls []template) (map[string]templateFunction, tem
 			if binary == "consumer" {
 				name, _ := vars["FIFOBOX_CONSUMER_NAME"].(string)
 				f.Key = "consumer:" + name
+			}
+			if _, ok := vars["FIFOBOX_DB_SECRET_ARN"]; ok && binary == "redrive" {
+				f.Key = "migration" // the redrive code as the database owner (AWS template only)
 			}
 			if _, dup := out[f.Key]; dup {
 				tb.Fatalf("%s: two functions for %s", t.Path, f.Key)

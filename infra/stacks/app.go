@@ -34,7 +34,7 @@ func Build(app awscdk.App, cfg Config, local bool, env *awscdk.Environment) (*St
 		return s, nil
 	}
 	s.Stateful = NewStatefulStack(app, cfg.Prefix+"-Stateful", tags("fifobox network and database (VPC, Aurora Serverless v2, RDS Proxy)"), cfg)
-	net := &Network{Vpc: s.Stateful.Vpc, Subnets: s.Stateful.Subnets, SecurityGroup: s.Stateful.FunctionSG, Proxy: s.Stateful.Proxy}
+	net := &Network{Vpc: s.Stateful.Vpc, Subnets: s.Stateful.Subnets, SecurityGroup: s.Stateful.FunctionSG, Proxy: s.Stateful.Proxy, Cluster: s.Stateful.Cluster}
 	s.Stateless = NewStatelessStack(app, cfg.Prefix+"-Stateless", tags("fifobox pipeline (SNS FIFO, SQS FIFO, dispatcher, consumers, redrive, alarms)"), cfg, net)
 	s.Stateless.AddStackDependency(s.Stateful.Stack, jsii.String("functions use the VPC and the database proxy"))
 	for _, st := range []awscdk.Stack{s.Stateful.Stack, s.Stateless.Stack} {

@@ -62,6 +62,16 @@ const (
 // name (FnDispatcher, FnConsumer, FnRedrive).
 const FunctionTag = "fifobox:function"
 
+// FunctionDBUsers are the database users the functions log in as through
+// RDS Proxy (IAM), one per function, each a member of its role
+// (migrations/00011_roles.sql). The migration function alone logs in as
+// the master user (Config.DatabaseUser).
+var FunctionDBUsers = map[string]string{
+	FnDispatcher: "fifobox_dispatcher_fn",
+	FnConsumer:   "fifobox_consumer_fn",
+	FnRedrive:    "fifobox_operations_fn",
+}
+
 // DBPort is the PostgreSQL port of the cluster and of RDS Proxy.
 const DBPort = 5432
 

@@ -245,13 +245,19 @@ func functions(t *testing.T, tpl template) map[string]resource {
 		switch {
 		case env["FIFOBOX_TOPIC_ARN"] != nil:
 			out["dispatcher"] = f
+		case env["FIFOBOX_DB_SECRET_ARN"] != nil:
+			out["migration"] = f
 		case env["FIFOBOX_DEFAULT_OPERATION"] != nil:
 			out["redrive"] = f
 		case env["FIFOBOX_CONSUMER_NAME"] != nil:
 			out["consumer:"+env["FIFOBOX_CONSUMER_NAME"].(string)] = f
 		}
 	}
-	if want := 2 + len(topology.Default().Consumers); len(out) != want {
+	want := 2 + len(topology.Default().Consumers)
+	if _, ok := out["migration"]; ok {
+		want++
+	}
+	if len(out) != want {
 		t.Fatalf("found %d fifobox functions, want %d: %v", len(out), want, keys(out))
 	}
 	return out
@@ -440,7 +446,18 @@ func TestFunctions(t *testing.T) {
 			t.Errorf("%s: not in the VPC", name)
 		}
 		env := dig(f.Props, "Environment", "Variables").(map[string]any)
-		wantEnv := map[string]string{"FIFOBOX_DB_PORT": "5432", "FIFOBOX_DB_NAME": "fifobox", "FIFOBOX_DB_USER": "fifobox",
+		bin := strings.SplitN(name, ":", 2)[0]
+		if name == "migration" {
+			// The master user, with its secret, straight to the cluster.
+			if env["FIFOBOX_DB_USER"] != nil || env["FIFOBOX_DB_IAM_AUTH"] != nil || env["FIFOBOX_DEFAULT_OPERATION"] != "migrate" {
+				t.Errorf("migration: env %v", env)
+			}
+			if !hasTag(f, stacks.FunctionTag, stacks.FnRedrive) {
+				t.Errorf("migration: does not run the redrive bootstrap: %v", f.Props["Tags"])
+			}
+			continue
+		}
+		wantEnv := map[string]string{"FIFOBOX_DB_PORT": "5432", "FIFOBOX_DB_NAME": "fifobox", "FIFOBOX_DB_USER": stacks.FunctionDBUsers[bin],
 			"FIFOBOX_DB_IAM_AUTH": "true", "FIFOBOX_METRICS_NAMESPACE": "Fifobox"}
 		if name == "redrive" {
 			// The operations function emits no metrics, so it reads no namespace.
@@ -449,7 +466,7 @@ func TestFunctions(t *testing.T) {
 				t.Errorf("redrive: FIFOBOX_METRICS_NAMESPACE set, but nothing in it reads it")
 			}
 		}
-		if !hasTag(f, stacks.FunctionTag, strings.SplitN(name, ":", 2)[0]) {
+		if !hasTag(f, stacks.FunctionTag, bin) {
 			t.Errorf("%s: no %s tag naming its bootstrap: %v", name, stacks.FunctionTag, f.Props["Tags"])
 		}
 		for k, want := range wantEnv {
@@ -483,7 +500,7 @@ func TestFunctions(t *testing.T) {
 		}
 	}
 	r := dig(fns["redrive"].Props, "Environment", "Variables").(map[string]any)
-	if r["FIFOBOX_DEFAULT_OPERATION"] != "migrate" {
+	if r["FIFOBOX_DEFAULT_OPERATION"] != "status" { // migrate is the migration function's
 		t.Errorf("FIFOBOX_DEFAULT_OPERATION = %v", r["FIFOBOX_DEFAULT_OPERATION"])
 	}
 	// FIFOBOX_QUEUES is a Fn::Join of literal JSON and queue URL refs: join
@@ -625,8 +642,18 @@ func TestLeastPrivilegeGrants(t *testing.T) {
 	}
 	for name, fn := range fns {
 		acts := actionsOf(fn)
+		if name == "migration" {
+			// The master user's secret, no IAM database login, nothing else.
+			if acts["rds-db:connect"] || !acts["secretsmanager:GetSecretValue"] || acts["sqs:SendMessage"] || acts["sns:Publish"] {
+				t.Errorf("migration: actions %v", keys(acts))
+			}
+			continue
+		}
 		if !acts["rds-db:connect"] {
 			t.Errorf("%s: no rds-db:connect", name)
+		}
+		if acts["secretsmanager:GetSecretValue"] {
+			t.Errorf("%s: reads a secret", name)
 		}
 		if acts["sns:Publish"] != (name == "dispatcher") {
 			t.Errorf("%s: sns:Publish = %v", name, acts["sns:Publish"])
@@ -638,7 +665,30 @@ func TestLeastPrivilegeGrants(t *testing.T) {
 			t.Errorf("dispatcher can use SQS: %v", keys(acts))
 		}
 	}
-	// rds-db:connect is scoped to the proxy's dbuser ARN for the configured user.
+	// rds-db:connect is scoped to the proxy's dbuser ARN of the function's
+	// own user (each role's policy names exactly one user).
+	for name, fn := range fns {
+		if name == "migration" {
+			continue
+		}
+		role := refID(fn.Props["Role"])
+		want := "/" + stacks.FunctionDBUsers[strings.SplitN(name, ":", 2)[0]]
+		for _, p := range tpl.resources("AWS::IAM::Policy") {
+			attached := false
+			for _, r := range list(p.Props["Roles"]) {
+				attached = attached || refID(r) == role
+			}
+			for _, st := range sts[p.ID] {
+				if !attached || st["Action"] != "rds-db:connect" {
+					continue
+				}
+				b, _ := json.Marshal(st["Resource"])
+				if !strings.Contains(string(b), want+`"`) {
+					t.Errorf("%s: rds-db:connect on %s, want its own user %s", name, b, want[1:])
+				}
+			}
+		}
+	}
 	for where, ss := range sts {
 		for _, st := range ss {
 			if st["Action"] != "rds-db:connect" {
@@ -731,10 +781,14 @@ func TestMigrationTriggerInvokesRedrive(t *testing.T) {
 	if len(triggers) != 1 {
 		t.Fatalf("%d triggers", len(triggers))
 	}
-	// The trigger invokes the redrive function's current version.
+	// The trigger invokes the migration function's current version (the
+	// master user's); the operations function cannot migrate.
 	handler := tpl.resource(refID(triggers[0].Props["HandlerArn"]))
-	if handler.Type != "AWS::Lambda::Version" || refID(handler.Props["FunctionName"]) != fns["redrive"].ID {
-		t.Errorf("trigger HandlerArn %v is not a version of the redrive function", triggers[0].Props["HandlerArn"])
+	if handler.Type != "AWS::Lambda::Version" || refID(handler.Props["FunctionName"]) != fns["migration"].ID {
+		t.Errorf("trigger HandlerArn %v is not a version of the migration function", triggers[0].Props["HandlerArn"])
+	}
+	if op := dig(fns["redrive"].Props, "Environment", "Variables", "FIFOBOX_DEFAULT_OPERATION"); op != "status" {
+		t.Errorf("operations function's default operation %v, want status", op)
 	}
 	if triggers[0].Props["InvocationType"] != "RequestResponse" {
 		t.Errorf("InvocationType = %v: the deploy must wait for the migration", triggers[0].Props["InvocationType"])
@@ -751,13 +805,20 @@ func TestDatabaseAndProxy(t *testing.T) {
 	if p["RequireTLS"] != true {
 		t.Errorf("RequireTLS = %v", p["RequireTLS"])
 	}
-	auth, _ := p["Auth"].([]any)
-	if len(auth) == 0 {
-		t.Fatal("proxy without Auth")
+	// End-to-end IAM: no secret (no password) for any function's user.
+	if p["DefaultAuthScheme"] != "IAM_AUTH" {
+		t.Errorf("DefaultAuthScheme = %v, want IAM_AUTH", p["DefaultAuthScheme"])
 	}
-	for _, a := range auth {
-		if dig(a, "IAMAuth") != "REQUIRED" {
-			t.Errorf("IAMAuth = %v", dig(a, "IAMAuth"))
+	for _, a := range list(p["Auth"]) {
+		if dig(a, "SecretArn") != nil {
+			t.Errorf("proxy logs in with a secret: %v", a)
+		}
+	}
+	// The proxy's role may log in as exactly the functions' users.
+	b, _ := json.Marshal(tpl.resources("AWS::IAM::Policy"))
+	for _, u := range stacks.FunctionDBUsers {
+		if !strings.Contains(string(b), "/"+u) {
+			t.Errorf("no rds-db:connect for the proxy as %s", u)
 		}
 	}
 	clusters := tpl.resources("AWS::RDS::DBCluster")
@@ -1078,8 +1139,8 @@ func TestSecondDeploymentNamesAreItsOwn(t *testing.T) {
 		t.Errorf("default queue names %v, want the topology's %v", keys(got), keys(defQueues))
 	}
 	for name, f := range functions(t, staging) {
-		if name == "redrive" {
-			continue // emits no metrics
+		if name == "redrive" || name == "migration" {
+			continue // emit no metrics
 		}
 		if ns := dig(f.Props, "Environment", "Variables", "FIFOBOX_METRICS_NAMESPACE"); ns != "Fifobox/Staging" {
 			t.Errorf("%s: FIFOBOX_METRICS_NAMESPACE = %v, want Fifobox/Staging", name, ns)

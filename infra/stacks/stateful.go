@@ -1,11 +1,13 @@
 package stacks
 
 import (
+	"fmt"
+
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsec2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsrds"
-	"github.com/aws/aws-cdk-go/awscdk/v2/awssecretsmanager"
 	"github.com/aws/constructs-go/constructs/v10"
 	"github.com/aws/jsii-runtime-go"
 	"github.com/cdklabs/cdk-nag-go/cdknag/v2"
@@ -171,20 +173,43 @@ func newDatabase(stack awscdk.Stack, s *StatefulStack, cfg Config, smEndpoint aw
 		Vpc:         s.Vpc,
 		Description: jsii.String("RDS Proxy in front of the fifobox database"),
 	})
+	// End-to-end IAM: clients log in to the proxy with IAM tokens, and the
+	// proxy logs in to the database with IAM as the same user. Each function
+	// has its own database user (FunctionDBUsers, created with their roles
+	// by migrations/00011_roles.sql, granted rds_iam there), so no password
+	// exists for them anywhere. The master user's secret is not the proxy's:
+	// only the migration function uses it, straight to the cluster.
+	proxyRole := awsiam.NewRole(stack, jsii.String("ProxyRole"), &awsiam.RoleProps{
+		AssumedBy:   awsiam.NewServicePrincipal(jsii.String("rds.amazonaws.com"), nil),
+		Description: jsii.String("RDS Proxy: logs in to the fifobox database as the functions' users (end-to-end IAM)"),
+	})
+	var dbUserArns []*string
+	for _, u := range FunctionDBUsers {
+		dbUserArns = append(dbUserArns, jsii.String(fmt.Sprintf("arn:%s:rds-db:%s:%s:dbuser:%s/%s",
+			*stack.Partition(), *stack.Region(), *stack.Account(), *cluster.ClusterResourceIdentifier(), u)))
+	}
+	proxyRole.AddToPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Sid: jsii.String("ConnectAsFunctionUsers"), Actions: jsii.Strings("rds-db:connect"), Resources: &dbUserArns,
+	}))
 	proxy := awsrds.NewDatabaseProxy(stack, jsii.String("Proxy"), &awsrds.DatabaseProxyProps{
-		ProxyTarget:    awsrds.ProxyTarget_FromCluster(cluster),
-		Secrets:        &[]awssecretsmanager.ISecret{cluster.Secret()},
-		Vpc:            s.Vpc,
-		VpcSubnets:     s.Subnets,
-		SecurityGroups: &[]awsec2.ISecurityGroup{proxySG},
-		IamAuth:        jsii.Bool(true),
-		RequireTLS:     jsii.Bool(true),
+		ProxyTarget:       awsrds.ProxyTarget_FromCluster(cluster),
+		DefaultAuthScheme: awsrds.DefaultAuthScheme_IAM_AUTH,
+		Role:              proxyRole,
+		Vpc:               s.Vpc,
+		VpcSubnets:        s.Subnets,
+		SecurityGroups:    &[]awsec2.ISecurityGroup{proxySG},
+		IamAuth:           jsii.Bool(true),
+		RequireTLS:        jsii.Bool(true),
 		// Functions hold few connections each (pkg/db MaxConns 4); the rest of
 		// the database's connections stay free for the service writing events.
 		MaxConnectionsPercent: jsii.Number(50),
 		DebugLogging:          jsii.Bool(false),
 	})
 	cluster.Connections().AllowDefaultPortFrom(proxySG, jsii.String("RDS Proxy to Aurora"))
+	// The migration function logs in as the master user straight to the
+	// cluster (its secret, password auth); the other functions could reach
+	// the port too (one security group) but have no credentials for it.
+	cluster.Connections().AllowDefaultPortFrom(s.FunctionSG, jsii.String("fifobox migration function to Aurora (master user)"))
 
 	// CloudwatchLogsRetention is applied by CDK's LogRetention singleton function.
 	suppressLogRetention(stack)

@@ -33,6 +33,10 @@ type Network struct {
 	Subnets       *awsec2.SubnetSelection
 	SecurityGroup awsec2.ISecurityGroup
 	Proxy         awsrds.IDatabaseProxy
+	// Cluster is the database fifobox created (nil with an existing proxy):
+	// its functions then log in as their own users (FunctionDBUsers) and the
+	// migration function as the master user, straight to the cluster.
+	Cluster awsrds.DatabaseCluster
 }
 
 // ConsumerResources are one topology consumer's queue, DLQs and function.
@@ -129,9 +133,11 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 	// (pkg/lambdafn/*.Env, pkg/db.Env, pkg/metrics.Env): the runtime contract
 	// tests (functions/runtimetest) fail on a variable set here that nothing
 	// reads, or a required one missing.
-	dbEnv, grantDB := databaseAccess(cfg, net)
 	metricsNamespace := jsii.String(cfg.Namespace())
-	common := func(extra map[string]*string) *map[string]*string {
+	// common is fn's database environment (as the user fn logs in as) and
+	// extra; grantDB lets a role log in as that user.
+	common := func(fn string, extra map[string]*string) *map[string]*string {
+		dbEnv, _ := databaseAccess(cfg, net, fn)
 		env := map[string]*string{}
 		for k, v := range dbEnv {
 			env[k] = v
@@ -220,13 +226,13 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 			logsKey:     p.LogsKey,
 			timeout:     float64(c.FunctionTimeoutSeconds),
 			memoryMB:    cfg.ConsumerMemoryMB,
-			env: common(map[string]*string{
+			env: common(FnConsumer, map[string]*string{
 				"FIFOBOX_CONSUMER_NAME":     jsii.String(c.Name),
 				"FIFOBOX_DLQ_URL":           cr.DLQ.QueueUrl(),
 				"FIFOBOX_METRICS_NAMESPACE": metricsNamespace,
 			}),
 		})
-		grantDB(role)
+		grantDB(cfg, net, FnConsumer, role)
 		keyUse(role, p.QueueKey)
 		// Poison and permanently failing records go to the DLQ directly.
 		role.AddToPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
@@ -255,17 +261,20 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 		// The schedule invokes asynchronously; the next tick is the retry, so
 		// Lambda's own async retries would only stack invocations up.
 		asyncRetries: true,
-		env:          common(map[string]*string{"FIFOBOX_TOPIC_ARN": p.Topic.TopicArn(), "FIFOBOX_METRICS_NAMESPACE": metricsNamespace}),
+		env:          common(FnDispatcher, map[string]*string{"FIFOBOX_TOPIC_ARN": p.Topic.TopicArn(), "FIFOBOX_METRICS_NAMESPACE": metricsNamespace}),
 	})
-	grantDB(drole)
+	grantDB(cfg, net, FnDispatcher, drole)
 	keyUse(drole, p.TopicKey)
 	drole.AddToPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
 		Actions: jsii.Strings("sns:Publish"), Resources: jsii.Strings(*p.Topic.TopicArn()),
 	}))
 	p.Dispatcher = dispatcher
 
-	// Redrive / operations function; its default operation is migrate, which
-	// the deploy trigger below relies on (a Trigger cannot choose a payload).
+	// Redrive / operations function. Where fifobox created the database, a
+	// separate migration function (the same code, as the master user) runs
+	// the migrations; otherwise the operations function's default operation
+	// is migrate, which the deploy trigger below relies on (a Trigger cannot
+	// choose a payload).
 	queues := map[string]any{}
 	for _, cr := range p.Consumers {
 		queues[cr.Consumer.Name] = map[string]any{
@@ -273,17 +282,21 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 			"subscription_dlq_url": cr.SubscriptionDLQ.QueueUrl(),
 		}
 	}
+	opsDefault := "migrate"
+	if ownUsers(net) {
+		opsDefault = "status"
+	}
 	redrive, rrole := newFunction(stack, cfg, net, "Redrive", FnRedrive, functionOptions{
 		description: "fifobox operations: migrate, status, dead-list, requeue-dead, replay, dlq-redrive, prune",
 		logsKey:     p.LogsKey,
 		timeout:     cfg.RedriveTimeoutSeconds,
 		memoryMB:    256,
-		env: common(map[string]*string{
+		env: common(FnRedrive, map[string]*string{
 			"FIFOBOX_QUEUES":            stack.ToJsonString(queues, nil),
-			"FIFOBOX_DEFAULT_OPERATION": jsii.String("migrate"),
+			"FIFOBOX_DEFAULT_OPERATION": jsii.String(opsDefault),
 		}),
 	})
-	grantDB(rrole)
+	grantDB(cfg, net, FnRedrive, rrole)
 	keyUse(rrole, p.QueueKey)
 	// Redrive moves messages from both DLQs of a consumer (the consumer's
 	// and its subscription's) back to the consumer's queue.
@@ -310,8 +323,12 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 	for _, cr := range p.Consumers {
 		before = append(before, cr.Function)
 	}
+	migrator := redrive
+	if ownUsers(net) {
+		migrator = newMigrationFunction(stack, cfg, net, p)
+	}
 	p.Migrate = triggers.NewTrigger(stack, jsii.String("Migrate"), &triggers.TriggerProps{
-		Handler:                redrive,
+		Handler:                migrator,
 		InvocationType:         triggers.InvocationType_REQUEST_RESPONSE,
 		Timeout:                awscdk.Duration_Seconds(jsii.Number(cfg.RedriveTimeoutSeconds)),
 		ExecuteOnHandlerChange: jsii.Bool(true),
@@ -384,21 +401,64 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 	return p
 }
 
-// databaseAccess returns the database environment of every function and a
-// function granting a role access: rds-db:connect as the database user on the
+// ownUsers says whether the functions log in as their own database users:
+// where fifobox created the database (and so its proxy, with end-to-end
+// IAM). With an existing proxy they log in as Config.DatabaseUser, whom that
+// proxy knows; see docs/deploying.md for mapping roles there.
+func ownUsers(net *Network) bool { return net != nil && net.Cluster != nil }
+
+// dbUser is the database user function fn logs in as.
+func dbUser(cfg Config, net *Network, fn string) string {
+	if ownUsers(net) {
+		return FunctionDBUsers[fn]
+	}
+	return cfg.DatabaseUser
+}
+
+// databaseAccess returns function fn's database environment and a function
+// granting a role access: rds-db:connect as fn's database user on the
 // proxy, or nothing for a plain URL (local variant).
-func databaseAccess(cfg Config, net *Network) (map[string]*string, func(awsiam.Role)) {
+func databaseAccess(cfg Config, net *Network, fn string) (map[string]*string, func(awsiam.Role)) {
 	if net == nil {
 		return map[string]*string{"FIFOBOX_DATABASE_URL": jsii.String(cfg.DatabaseURL)}, func(awsiam.Role) {}
 	}
+	user := dbUser(cfg, net, fn)
 	env := map[string]*string{
 		"FIFOBOX_DB_HOST":     net.Proxy.Endpoint(),
 		"FIFOBOX_DB_PORT":     jsii.String(strconv.Itoa(DBPort)),
 		"FIFOBOX_DB_NAME":     jsii.String(cfg.DatabaseName),
-		"FIFOBOX_DB_USER":     jsii.String(cfg.DatabaseUser),
+		"FIFOBOX_DB_USER":     jsii.String(user),
 		"FIFOBOX_DB_IAM_AUTH": jsii.String("true"),
 	}
-	return env, func(role awsiam.Role) { net.Proxy.GrantConnect(role, jsii.String(cfg.DatabaseUser)) }
+	return env, func(role awsiam.Role) { net.Proxy.GrantConnect(role, jsii.String(user)) }
+}
+
+// grantDB lets role log in as function fn's database user.
+func grantDB(cfg Config, net *Network, fn string, role awsiam.Role) {
+	_, grant := databaseAccess(cfg, net, fn)
+	grant(role)
+}
+
+// newMigrationFunction is the deploy trigger's function: the operations
+// code with migrate as its default operation, logging in as the master user
+// (the owner of fifobox's tables) with the cluster's secret, straight to the
+// cluster's writer. Nothing else may invoke it.
+func newMigrationFunction(stack awscdk.Stack, cfg Config, net *Network, p *Pipeline) awslambda.Function {
+	fn, role := newFunction(stack, cfg, net, "Migration", FnRedrive, functionOptions{
+		description: "fifobox migrations (deploy trigger), as the database owner",
+		logsKey:     p.LogsKey,
+		timeout:     cfg.RedriveTimeoutSeconds,
+		memoryMB:    256,
+		env: &map[string]*string{
+			"FIFOBOX_DB_HOST":           net.Cluster.ClusterEndpoint().Hostname(),
+			"FIFOBOX_DB_PORT":           jsii.String(strconv.Itoa(DBPort)),
+			"FIFOBOX_DB_NAME":           jsii.String(cfg.DatabaseName),
+			"FIFOBOX_DB_SECRET_ARN":     net.Cluster.Secret().SecretArn(),
+			"FIFOBOX_DEFAULT_OPERATION": jsii.String("migrate"),
+		},
+	})
+	net.Cluster.Secret().GrantRead(role, nil)
+	return fn
 }
 
 type functionOptions struct {

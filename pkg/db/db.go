@@ -134,7 +134,7 @@ func (c Config) Validate() error {
 		}
 		return nil // the user name comes from the secret
 	case c.User == "":
-		return errors.New("FIFOBOX_DB_USER is required with FIFOBOX_DB_HOST")
+		return errors.New("FIFOBOX_DB_USER (or FIFOBOX_DB_SECRET_ARN) is required with FIFOBOX_DB_HOST")
 	case c.IAMAuth && c.Region == "":
 		return errors.New("AWS_REGION is required with FIFOBOX_DB_IAM_AUTH=true")
 	case !c.IAMAuth:
