@@ -47,7 +47,7 @@ SELECT prosrc, coalesce(proconfig, '{}')
 FROM pg_proc WHERE oid = 'outbox_claim_heads(integer, integer, uuid, bigint)'::regprocedure`
 
 // sqlExtendRun lengthens a claimed run when the batch has room
-// (outbox_extend_run, migrations/00013_outbox_mark_by_id.sql): $1 type, $2
+// (outbox_extend_run, migrations/00012_outbox_mark_by_id.sql): $1 type, $2
 // id, $3 the run's last sequence, $4 most events to add, $5 the claim token.
 const sqlExtendRun = `SELECT * FROM outbox_extend_run($1::text, $2::text, $3::bigint, $4::integer, $5::uuid)`
 
