@@ -12,6 +12,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -52,8 +53,9 @@ type Config struct {
 	FetchSecret SecretFunc
 	// Region for IAM tokens (AWS_REGION).
 	Region string
-	// CABundle is a PEM file of extra trusted roots (FIFOBOX_DB_CA_BUNDLE);
-	// RDS Proxy's certificates chain to Amazon roots already in the system store.
+	// CABundle is a PEM file of extra trusted roots (FIFOBOX_DB_CA_BUNDLE).
+	// Not needed on AWS: RDS Proxy's certificates chain to Amazon roots in
+	// the system store, and the RDS CAs (a cluster's own) are built in.
 	CABundle string
 	// MaxConns bounds the pool (FIFOBOX_DB_MAX_CONNS). Default 4: a Lambda
 	// instance handles one invocation at a time.
@@ -143,6 +145,14 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// rdsCABundle is the Amazon RDS certificate authorities' bundle (AWS
+// publishes it as global-bundle.pem: every region's RSA2048, RSA4096 and
+// ECC384 G1 roots, valid into the 2060s, and the 2019 CAs). Refresh it with
+// scripts/update-rds-ca.sh.
+//
+//go:embed rds-ca-bundle.pem
+var rdsCABundle []byte
+
 // TokenFunc mints an IAM auth token for endpoint ("host:port").
 type TokenFunc func(ctx context.Context, endpoint, region, user string, creds aws.CredentialsProvider) (string, error)
 
@@ -170,6 +180,10 @@ func PoolConfig(c Config, creds aws.CredentialsProvider, mint TokenFunc) (*pgxpo
 		if err != nil || roots == nil {
 			roots = x509.NewCertPool()
 		}
+		// RDS Proxy's certificates chain to Amazon roots in the system
+		// store; a cluster's own (the migration function connects to the
+		// writer directly) chain to the RDS CAs, which are not there.
+		roots.AppendCertsFromPEM(rdsCABundle)
 		if c.CABundle != "" {
 			pem, err := os.ReadFile(c.CABundle)
 			if err != nil {
