@@ -238,7 +238,7 @@ func TestOverlappingInvocations(t *testing.T) {
 	pub := &timedPublisher{delay: time.Millisecond, at: map[string]time.Time{}, order: map[string][]int64{}}
 	var wg sync.WaitGroup
 	for i := 0; i < 2; i++ {
-		h, err := dispatcher.New(db.Pool, pub, nil, dispatcher.Config{Dispatcher: outbox.DispatcherConfig{BatchSize: 20, DeadlineMargin: 300 * time.Millisecond, MarkTimeout: 200 * time.Millisecond},
+		h, err := dispatcher.New(db.Pool, pub, nil, dispatcher.Config{Dispatcher: outbox.DispatcherConfig{BatchSize: 20, DeadlineMargin: 700 * time.Millisecond, MarkTimeout: 500 * time.Millisecond},
 			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 		if err != nil {
 			t.Fatal(err)
@@ -246,7 +246,9 @@ func TestOverlappingInvocations(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
+			// Marks get 500 ms: one stalled longer on a loaded machine would
+			// leave its run to the lease, past the end of this test.
+			c, cancel := context.WithTimeout(ctx, 2500*time.Millisecond)
 			defer cancel()
 			if _, err := h.Handle(c, nil); err != nil {
 				t.Error(err)
