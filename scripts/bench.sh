@@ -61,3 +61,13 @@ go test -run '^$' -bench 'BenchmarkInvocationLatency' -benchtime 3x -timeout 30m
 settle
 echo "==> consumer: messages/s through the handler with the inbox vs the same side effect without"
 go test -run '^$' -bench 'BenchmarkConsumer' -benchtime 20000x -timeout 30m ./pkg/inbox/ | quiet
+
+# --- RabbitMQ transport (pkg/transport/amqp; needs the RabbitMQ of make test) ---
+./scripts/ensure-rabbitmq.sh >/dev/null
+settle
+echo "==> RabbitMQ: dispatcher through the holdco topology vs raw publish-with-confirms (same client, messages, concurrency)"
+go test -count=1 -run '^$' -bench 'BenchmarkThroughRabbitMQ' -benchtime 20000x -timeout 30m ./pkg/transport/amqp/ | quiet
+
+settle
+echo "==> RabbitMQ: commit-to-consume latency at 100 and 1,000 events/s offered (whole pipeline, inbox included)"
+go test -count=1 -run '^$' -bench 'BenchmarkLatency' -benchtime 1x -timeout 30m ./pkg/transport/amqp/ | quiet
