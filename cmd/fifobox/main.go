@@ -30,6 +30,8 @@ import (
 	"github.com/fifobox/fifobox/pkg/db"
 	"github.com/fifobox/fifobox/pkg/redrive"
 	"github.com/fifobox/fifobox/pkg/topology"
+	"github.com/fifobox/fifobox/pkg/transport"
+	"github.com/fifobox/fifobox/pkg/transport/amqp"
 )
 
 // DefaultDatabaseURL is the local development database.
@@ -44,8 +46,9 @@ type app struct {
 	verbose     bool
 	out, errOut io.Writer
 
-	pool   *pgxpool.Pool
-	awsCfg *aws.Config // loaded once per process: IAM auth and SQS share it
+	pool    *pgxpool.Pool
+	awsCfg  *aws.Config    // loaded once per process: IAM auth and SQS share it
+	closers []func() error // broker connections, closed with the pool
 }
 
 // aws returns the AWS SDK configuration, loading it on first use.
@@ -79,11 +82,16 @@ func (a *app) rootCmd() *cobra.Command {
 dead events, DLQ redrive, replay to one consumer, pruning. Every change is audited
 in the redrive_audit table.
 
-Locally it uses PostgreSQL (--database-url) and SQS at AWS_ENDPOINT_URL.
+Locally it uses PostgreSQL (--database-url) and SQS at AWS_ENDPOINT_URL; with
+FIFOBOX_TRANSPORT=rabbitmq, status, replay and dlq-redrive use RabbitMQ
+(FIFOBOX_AMQP_URL, FIFOBOX_AMQP_TOPOLOGY) instead of SQS.
 Against AWS, --via-lambda FUNCTION runs the same command in the redrive Lambda.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPostRun: func(*cobra.Command, []string) {
+			for _, c := range a.closers {
+				_ = c()
+			}
 			if a.pool != nil {
 				a.pool.Close()
 			}
@@ -170,8 +178,30 @@ func (a *app) service(ctx context.Context, op string) (*redrive.Service, error) 
 	}
 	var sqsc *sqs.Client
 	queues := redrive.Queues{}
-	needsSQS := op == redrive.OpStatus || op == redrive.OpReplay || op == redrive.OpDLQRedrive
-	if needsSQS {
+	needsBroker := op == redrive.OpStatus || op == redrive.OpReplay || op == redrive.OpDLQRedrive
+	kind, err := transport.KindFromEnv()
+	if err != nil {
+		return nil, err
+	}
+	// The broker side of status, replay and dlq-redrive: one case per
+	// transport (SNS/SQS below is the default).
+	switch {
+	case needsBroker && kind == transport.RabbitMQ:
+		cfg, err := amqp.ConfigFromEnv()
+		if err != nil {
+			return nil, err
+		}
+		cfg.Logger = a.logger()
+		ops, err := amqp.NewOperations(cfg)
+		if err != nil {
+			return nil, err
+		}
+		a.closers = append(a.closers, ops.Close)
+		return redrive.New(pool, nil, redrive.Config{Broker: ops, Logger: a.logger(), Progress: a.progress})
+	case needsBroker && kind == transport.NATS:
+		return nil, fmt.Errorf("%s=nats: the NATS transport is not built yet", transport.EnvTransport)
+	}
+	if needsBroker {
 		awsCfg, err := a.aws(ctx)
 		if err != nil {
 			return nil, err

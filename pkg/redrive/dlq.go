@@ -3,6 +3,7 @@ package redrive
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -39,6 +40,9 @@ func (s *Service) dlqRedrive(ctx context.Context, cmd Command) (Result, error) {
 	q, err := s.queues(cmd.Consumer)
 	if err != nil {
 		return res, fmt.Errorf("dlq-redrive: %w", err)
+	}
+	if s.cfg.Broker != nil {
+		return s.brokerRedrive(ctx, cmd)
 	}
 	source, from := q.DLQURL, "the DLQ"
 	if cmd.Source == SourceSubscriptionDLQ {
@@ -201,4 +205,37 @@ func (s *Service) queueDepth(ctx context.Context, url string) (visible, inFlight
 	visible, _ = strconv.ParseInt(out.Attributes[string(sqstypes.QueueAttributeNameApproximateNumberOfMessages)], 10, 64)
 	inFlight, _ = strconv.ParseInt(out.Attributes[string(sqstypes.QueueAttributeNameApproximateNumberOfMessagesNotVisible)], 10, 64)
 	return visible, inFlight, nil
+}
+
+// brokerRedrive is dlq-redrive through another transport's broker
+// (Config.Broker), which moves the messages back in the order they died.
+func (s *Service) brokerRedrive(ctx context.Context, cmd Command) (Result, error) {
+	res := Result{Operation: cmd.Operation, DryRun: cmd.DryRun}
+	if cmd.Source == SourceSubscriptionDLQ {
+		return res, errors.New("dlq-redrive: source subscription-dlq exists only with SNS")
+	}
+	if cmd.DryRun {
+		depths, err := s.cfg.Broker.Depths(ctx, cmd.Consumer)
+		if err != nil || len(depths) != 1 {
+			return res, fmt.Errorf("dlq-redrive: queue depths: %v", err)
+		}
+		res.Affected = min(depths[0].DLQ, int64(cmd.Max))
+		res.Message = fmt.Sprintf("would move %d of %d messages from the DLQ of %s", res.Affected, depths[0].DLQ, cmd.Consumer)
+		return res, nil
+	}
+	auditID, err := s.auditStart(ctx, s.db, cmd)
+	if err != nil {
+		return res, err
+	}
+	res.AuditID = auditID
+	moved, opErr := s.cfg.Broker.Redrive(ctx, cmd.Consumer, cmd.Max)
+	res.Affected = int64(moved)
+	if err := s.auditFinish(ctx, auditID, cmd, int64(moved), opErr); err != nil && opErr == nil {
+		opErr = err
+	}
+	if opErr != nil {
+		return res, fmt.Errorf("dlq-redrive: after %d messages: %w", moved, opErr)
+	}
+	res.Message = fmt.Sprintf("moved %d messages from the DLQ of %s back to its queue", moved, cmd.Consumer)
+	return res, nil
 }

@@ -28,6 +28,9 @@ type QueueDepth struct {
 	InFlight    int64  `json:"in_flight"`
 	DLQ         int64  `json:"dlq"`
 	DLQInFlight int64  `json:"dlq_in_flight"`
+	// Retrying counts messages waiting out a retry delay (brokers with
+	// delay queues, such as RabbitMQ; SQS retries by visibility timeout).
+	Retrying int64 `json:"retrying,omitempty"`
 	// SubscriptionDLQ counts messages SNS could not deliver (when its URL is known).
 	SubscriptionDLQ int64 `json:"subscription_dlq,omitempty"`
 	// HeldGroups and HeldMessages count the consumer's groups held in
@@ -67,7 +70,21 @@ func (s *Service) status(ctx context.Context, cmd Command) (Result, error) {
 		return Result{}, err
 	}
 	st := &Status{Backlog: b}
-	if s.sqs != nil {
+	if s.cfg.Broker != nil {
+		var names []string
+		if cmd.Consumer != "" {
+			names = []string{cmd.Consumer}
+		}
+		depths, err := s.cfg.Broker.Depths(ctx, names...)
+		if err != nil {
+			return Result{}, fmt.Errorf("status: queue depths: %w", err)
+		}
+		for _, bd := range depths {
+			d := QueueDepth{Consumer: bd.Consumer, Visible: bd.Ready, InFlight: bd.InFlight, Retrying: bd.Retrying, DLQ: bd.DLQ, Error: bd.Error}
+			s.held(ctx, &d)
+			st.Queues = append(st.Queues, d)
+		}
+	} else if s.sqs != nil {
 		for _, name := range s.cfg.Queues.Names() {
 			if cmd.Consumer != "" && name != cmd.Consumer {
 				continue
@@ -96,10 +113,15 @@ func (s *Service) depth(ctx context.Context, name string, q QueueURLs) QueueDept
 			return d
 		}
 	}
-	if err := s.db.QueryRow(ctx, `SELECT count(DISTINCT group_id), count(*) FROM inbox_held WHERE consumer = $1`, name).Scan(&d.HeldGroups, &d.HeldMessages); err != nil {
+	s.held(ctx, &d)
+	return d
+}
+
+// held counts the consumer's groups held in strict order.
+func (s *Service) held(ctx context.Context, d *QueueDepth) {
+	if err := s.db.QueryRow(ctx, `SELECT count(DISTINCT group_id), count(*) FROM inbox_held WHERE consumer = $1`, d.Consumer).Scan(&d.HeldGroups, &d.HeldMessages); err != nil && d.Error == "" {
 		d.Error = "held groups: " + err.Error()
 	}
-	return d
 }
 
 func (s *Service) deadList(ctx context.Context, cmd Command) (Result, error) {

@@ -45,6 +45,7 @@ import (
 
 	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/topology"
+	"github.com/fifobox/fifobox/pkg/transport"
 )
 
 // Operations.
@@ -211,6 +212,10 @@ type SQSAPI interface {
 type Config struct {
 	// Queues of each consumer (FIFOBOX_QUEUES). Needed by replay, dlq-redrive and queue depths.
 	Queues Queues
+	// Broker, when set, is another transport's broker side (RabbitMQ:
+	// pkg/transport/amqp.Operations): queue depths, dlq-redrive and replay
+	// go through it instead of SQS, and Queues is not used.
+	Broker transport.Operations
 	// Topology supplies consumer filters: replay skips events the consumer's
 	// subscription filter would not have delivered. Default topology.Default().
 	Topology *topology.Topology
@@ -357,6 +362,9 @@ func (s *Service) Execute(ctx context.Context, cmd Command) (Result, error) {
 func (s *Service) queues(consumer string) (QueueURLs, error) {
 	if consumer == "" {
 		return QueueURLs{}, errors.New("consumer is required")
+	}
+	if s.cfg.Broker != nil {
+		return QueueURLs{}, nil // the broker knows its consumers' queues
 	}
 	q, ok := s.cfg.Queues[consumer]
 	if !ok {

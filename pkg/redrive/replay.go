@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fifobox/fifobox/pkg/envelope"
+	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/topology"
 )
 
@@ -65,7 +66,22 @@ ORDER BY aggregate_id, aggregate_seq`, ids, cmd.AggregateType, since, until)
 	if err != nil {
 		return res, fmt.Errorf("replay: select events: %w", err)
 	}
-	if known {
+	switch sel, ok := s.cfg.Broker.(brokerSelector); {
+	case s.cfg.Broker != nil && ok:
+		// The broker's bindings decide, not SNS's filter policies.
+		kept := evs[:0]
+		for _, e := range evs {
+			yes, err := sel.Selects(cmd.Consumer, outbox.Message{EventID: e.eventID, GroupID: e.aggID, AggregateType: e.aggType,
+				EventType: e.eventType, Sequence: e.seq, Attributes: e.attrs()})
+			if err != nil {
+				return res, fmt.Errorf("replay: %w", err)
+			}
+			if yes {
+				kept = append(kept, e)
+			}
+		}
+		evs = kept
+	case s.cfg.Broker == nil && known:
 		evs = matching(evs, filter)
 	}
 	if len(evs) > cmd.Max {
@@ -114,7 +130,11 @@ ORDER BY aggregate_id, aggregate_seq`, ids, cmd.AggregateType, since, until)
 				return fmt.Errorf("stopped after %d of %d events: %w", sent, len(evs), err)
 			}
 			chunk := evs[start:min(start+sqsBatchSize, len(evs))]
-			if err := s.sendChunk(ctx, q.QueueURL, auditID, chunk); err != nil {
+			send := func() error { return s.sendChunk(ctx, q.QueueURL, auditID, chunk) }
+			if s.cfg.Broker != nil {
+				send = func() error { return s.brokerChunk(ctx, cmd.Consumer, chunk) }
+			}
+			if err := send(); err != nil {
 				return fmt.Errorf("after %d of %d events: %w", sent, len(evs), err)
 			}
 			sent += int64(len(chunk))
@@ -135,6 +155,12 @@ ORDER BY aggregate_id, aggregate_seq`, ids, cmd.AggregateType, since, until)
 	return res, nil
 }
 
+// brokerSelector is a broker that can say which events a consumer's queue
+// receives (pkg/transport/amqp.Operations: its bindings).
+type brokerSelector interface {
+	Selects(consumer string, m outbox.Message) (bool, error)
+}
+
 func matching(evs []replayEvent, c topology.Consumer) []replayEvent {
 	out := evs[:0]
 	for _, e := range evs {
@@ -145,37 +171,66 @@ func matching(evs []replayEvent, c topology.Consumer) []replayEvent {
 	return out
 }
 
-// sendChunk sends one batch in order; any failed entry fails the chunk (the
-// entries after it in the same group must not overtake it).
-func (s *Service) sendChunk(ctx context.Context, queueURL string, auditID int64, chunk []replayEvent) error {
+// brokerChunk replays one chunk through another transport's broker
+// (Config.Broker), in order.
+func (s *Service) brokerChunk(ctx context.Context, consumer string, chunk []replayEvent) error {
+	bodies, err := s.bodies(ctx, chunk)
+	if err != nil {
+		return err
+	}
+	msgs := make([]outbox.Message, len(chunk))
+	for i, e := range chunk {
+		msgs[i] = outbox.Message{ID: e.id, EventID: e.eventID, GroupID: e.aggID, DedupID: e.eventID, AggregateType: e.aggType,
+			Sequence: e.seq, EventType: e.eventType, Body: bodies[e.id], Attributes: e.attrs(), Attempt: 1}
+	}
+	sent, err := s.cfg.Broker.Replay(ctx, consumer, msgs)
+	if err == nil && sent != len(msgs) {
+		err = fmt.Errorf("broker took %d of %d events", sent, len(msgs))
+	}
+	return err
+}
+
+// bodies reads the stored bodies of chunk's events; a pruned one is an error.
+func (s *Service) bodies(ctx context.Context, chunk []replayEvent) (map[int64][]byte, error) {
 	ids := make([]int64, len(chunk))
 	for i, e := range chunk {
 		ids[i] = e.id
 	}
 	rows, err := s.db.Query(ctx, `SELECT id, body FROM outbox WHERE id = ANY($1)`, ids)
 	if err != nil {
-		return fmt.Errorf("read bodies: %w", err)
+		return nil, fmt.Errorf("read bodies: %w", err)
 	}
+	defer rows.Close()
 	bodies := map[int64][]byte{}
 	for rows.Next() {
 		var id int64
 		var b []byte
 		if err := rows.Scan(&id, &b); err != nil {
-			rows.Close()
-			return fmt.Errorf("read bodies: %w", err)
+			return nil, fmt.Errorf("read bodies: %w", err)
 		}
 		bodies[id] = b
 	}
-	rows.Close()
 	if err := rows.Err(); err != nil {
-		return fmt.Errorf("read bodies: %w", err)
+		return nil, fmt.Errorf("read bodies: %w", err)
+	}
+	for _, e := range chunk {
+		if _, ok := bodies[e.id]; !ok {
+			return nil, fmt.Errorf("event %s was pruned while replaying", e.eventID)
+		}
+	}
+	return bodies, nil
+}
+
+// sendChunk sends one batch in order; any failed entry fails the chunk (the
+// entries after it in the same group must not overtake it).
+func (s *Service) sendChunk(ctx context.Context, queueURL string, auditID int64, chunk []replayEvent) error {
+	bodies, err := s.bodies(ctx, chunk)
+	if err != nil {
+		return err
 	}
 	entries := make([]sqstypes.SendMessageBatchRequestEntry, len(chunk))
 	for i, e := range chunk {
-		b, ok := bodies[e.id]
-		if !ok {
-			return fmt.Errorf("event %s was pruned while replaying", e.eventID)
-		}
+		b := bodies[e.id]
 		attrs := map[string]sqstypes.MessageAttributeValue{}
 		for k, v := range e.attrs() {
 			attrs[k] = sqstypes.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(v)}

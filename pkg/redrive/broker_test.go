@@ -1,0 +1,115 @@
+package redrive_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/fifobox/fifobox/internal/pgtest"
+	"github.com/fifobox/fifobox/pkg/envelope"
+	"github.com/fifobox/fifobox/pkg/outbox"
+	"github.com/fifobox/fifobox/pkg/redrive"
+	"github.com/fifobox/fifobox/pkg/transport/amqp"
+	"github.com/fifobox/fifobox/pkg/transport/amqp/amqptest"
+)
+
+// With another transport's broker (RabbitMQ here, the holdco topology),
+// status reports its queues, replay sends a consumer only the events its
+// bindings select, in order, and dlq-redrive moves its dead messages back,
+// each audited.
+func TestBrokerOperationsThroughRabbitMQ(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	v := amqptest.New(t)
+	cfg := amqp.Config{URL: v.URL, Topology: amqp.Holdco(), Logger: quiet}
+	prov, err := amqp.NewProvisioner(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := prov.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ops, err := amqp.NewOperations(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ops.Close()
+
+	db := pgtest.New(t)
+	var evs []envelope.Envelope
+	for _, e := range [][2]string{{"invoice", "created"}, {"order", "created"}, {"payment_intent", "failed"}, {"invoice", "paid"}} {
+		ev := event(e[0], e[0]+"-1", e[1])
+		evs = append(evs, ev)
+	}
+	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error { return outbox.Enqueue(ctx, tx, evs...) }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `UPDATE outbox SET state = 'sent', sent_at = now()`); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := redrive.New(db.Pool, nil, redrive.Config{Broker: ops, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	depth := func(consumer string) redrive.QueueDepth {
+		res, err := svc.Execute(ctx, redrive.Command{Operation: redrive.OpStatus, Consumer: consumer})
+		if err != nil || res.Status == nil || len(res.Status.Queues) != 1 {
+			t.Fatalf("status %s: %+v %v", consumer, res, err)
+		}
+		return res.Status.Queues[0]
+	}
+	if d := depth("erp"); d.Visible != 0 || d.DLQ != 0 || d.Error != "" {
+		t.Fatalf("erp before: %+v", d)
+	}
+
+	epoch := time.Unix(0, 0).UTC()
+	for _, tc := range []struct {
+		aggType string
+		want    int64
+	}{{"invoice", 2}, {"order", 0}} { // erp binds invoice.* and payment_intent.*, not order.*
+		res, err := svc.Execute(ctx, redrive.Command{Operation: redrive.OpReplay, Consumer: "erp", AggregateType: tc.aggType, Since: &epoch, Actor: "test"})
+		if err != nil || res.Affected != tc.want {
+			t.Fatalf("replay %s events to erp: %+v %v, want %d", tc.aggType, res, err, tc.want)
+		}
+	}
+	eventually(t, func() bool { return depth("erp").Visible == 2 })
+	if d := depth("notifications"); d.Visible != 0 {
+		t.Fatalf("notifications got %d replayed messages, want none", d.Visible)
+	}
+
+	// A dead message in erp's DLQ goes back to erp's queue.
+	conn, err := amqp091.Dial(v.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := evs[0].Encode()
+	if err := ch.PublishWithContext(ctx, "", "erp.sync.dlq", false, false, amqp091.Publishing{MessageId: evs[0].ID, Body: body,
+		Headers: amqp091.Table{"x-aggregate-id": evs[0].AggregateID}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, func() bool { return depth("erp").DLQ == 1 })
+	res, err := svc.Execute(ctx, redrive.Command{Operation: redrive.OpDLQRedrive, Consumer: "erp", Max: 10, Actor: "test"})
+	if err != nil || res.Affected != 1 || res.AuditID == 0 {
+		t.Fatalf("dlq-redrive: %+v %v", res, err)
+	}
+	eventually(t, func() bool { d := depth("erp"); return d.DLQ == 0 && d.Visible == 3 })
+}
+
+func eventually(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("timed out")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
