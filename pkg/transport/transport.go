@@ -4,10 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
+	"github.com/fifobox/fifobox/pkg/envspec"
 	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/outbox"
 )
@@ -36,9 +36,15 @@ func ParseKind(s string) (Kind, error) {
 	return "", fmt.Errorf("transport %q: must be sns, rabbitmq or nats", s)
 }
 
+// Env declares the variable KindFromEnv reads (pkg/envspec: the Lambdas'
+// runtime contract tests check every read against the CDK templates).
+var Env = envspec.Set{
+	{Name: EnvTransport, Doc: "sns (default), rabbitmq or nats"},
+}
+
 // KindFromEnv reads FIFOBOX_TRANSPORT (default sns).
 func KindFromEnv() (Kind, error) {
-	k, err := ParseKind(os.Getenv(EnvTransport))
+	k, err := ParseKind(Env.Get(EnvTransport))
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", EnvTransport, err)
 	}
