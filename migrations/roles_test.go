@@ -52,6 +52,12 @@ func TestRolesDoTheirJobAndNothingMore(t *testing.T) {
 			}); err != nil {
 				t.Fatalf("enqueue: %v", err)
 			}
+			// The SQL producer path (migrations/00013) needs nothing more.
+			var seq int64
+			if err := pool.QueryRow(ctx, `SELECT sequence FROM fifobox_enqueue(aggregate_type => 'order', aggregate_id => 'o-new',
+				type => 'order.paid', payload => '{"order_id":"o-new"}')`).Scan(&seq); err != nil || seq != 2 {
+				t.Fatalf("fifobox_enqueue: sequence %d, %v; want 2", seq, err)
+			}
 		}, refused: []string{
 			`SELECT body FROM outbox`,
 			`UPDATE outbox SET state = 'sent'`,
@@ -77,6 +83,7 @@ func TestRolesDoTheirJobAndNothingMore(t *testing.T) {
 				t.Fatalf("stats: %v", err)
 			}
 		}, refused: []string{
+			`SELECT fifobox_enqueue('order', 'o-x', 'order.paid', '{}')`,
 			`DELETE FROM outbox`,
 			`INSERT INTO outbox (event_id, event_type, aggregate_type, aggregate_id, aggregate_seq, occurred_at, body) VALUES (gen_random_uuid(), 't', 'order', 'x', 1, now(), '\x7b7d')`,
 			`UPDATE outbox_aggregates SET last_seq = 0`,
@@ -110,6 +117,7 @@ func TestRolesDoTheirJobAndNothingMore(t *testing.T) {
 				t.Fatalf("read model + inbox + held rows = %d (%v), want 3", n, err)
 			}
 		}, refused: []string{
+			`SELECT fifobox_enqueue('order', 'o-x', 'order.paid', '{}')`,
 			`SELECT * FROM outbox`,
 			`UPDATE outbox SET state = 'pending'`,
 			`SELECT * FROM outbox_heads`,
@@ -140,6 +148,7 @@ func TestRolesDoTheirJobAndNothingMore(t *testing.T) {
 				t.Fatalf("%d dead events after requeue (%v)", dead, err)
 			}
 		}, refused: []string{
+			`SELECT fifobox_enqueue('order', 'o-x', 'order.paid', '{}')`,
 			`INSERT INTO outbox (event_id, event_type, aggregate_type, aggregate_id, aggregate_seq, occurred_at, body) VALUES (gen_random_uuid(), 't', 'order', 'x', 1, now(), '\x7b7d')`,
 			`INSERT INTO inbox (consumer, event_id, aggregate_type, aggregate_id, sequence) VALUES ('c', gen_random_uuid(), 'order', 'x', 1)`,
 			`UPDATE orders_read_model SET status = 'x'`,

@@ -2,7 +2,8 @@
 # The README's test command (and CI's, via .ci/run). On a fresh machine it
 # installs and starts what the tests need: PostgreSQL and RabbitMQ (Debian
 # packages), Node 22 and the fauxqs SNS/SQS emulator (npm), pgbouncer (Debian
-# package), the pinned CDK CLI and cfn-guard (npm). It synthesises the CDK
+# package), the pinned CDK CLI and cfn-guard (npm), node-postgres (npm) and
+# psycopg (Debian) for the producers-in-other-languages test. It synthesises the CDK
 # templates (the runtime contract tests check each function's environment
 # against them), then runs every Go test of both modules. An emulator that
 # was already running is used and left running; one this script starts, it stops.
@@ -23,6 +24,14 @@ if ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
   as_root apt-get update -qq || true
   DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq pgbouncer >/dev/null || echo "pgbouncer install failed; its test will skip" >&2
 fi
+
+step "Producer clients for the SQL enqueue test (npm's pg, Debian's python3-psycopg)"
+(cd examples/producers && npm ci --no-audit --no-fund --silent)
+if ! python3 -c 'import psycopg' 2>/dev/null && ! /usr/bin/python3 -c 'import psycopg' 2>/dev/null; then
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq python3-psycopg >/dev/null 2>&1 ||
+    { as_root apt-get update -qq && DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq python3-psycopg >/dev/null; }
+fi
+export FIFOBOX_REQUIRE_CLIENTS=1
 
 step "SNS/SQS emulator"
 ./localstack/emulator.sh install   # even if one is running: the outage test starts its own

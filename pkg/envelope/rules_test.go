@@ -2,11 +2,9 @@ package envelope_test
 
 import (
 	"bytes"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"math/rand/v2"
-	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -14,61 +12,15 @@ import (
 	"unicode/utf8"
 
 	"github.com/fifobox/fifobox/pkg/envelope"
+	"github.com/fifobox/fifobox/pkg/envelope/envelopetest"
 )
 
-type ruleCase struct {
-	Name               string         `json:"name"`
-	Set                map[string]any `json:"set"`
-	OccurredAtYear     *int           `json:"occurred_at_year"`
-	Payload            *string        `json:"payload"`
-	PayloadHex         string         `json:"payload_hex"`
-	PayloadDepth       int            `json:"payload_depth"`
-	PayloadStringBytes int            `json:"payload_string_bytes"`
-	Field              string         `json:"field"`
-	Kind               string         `json:"kind"`
-}
-
 // build applies a case to the table's base envelope (JSON field names).
-func (c ruleCase) build(t *testing.T, base map[string]any) envelope.Envelope {
+func build(t *testing.T, c envelopetest.Case, base map[string]any) envelope.Envelope {
 	t.Helper()
-	f := map[string]any{}
-	for k, v := range base {
-		f[k] = v
-	}
-	for k, v := range c.Set {
-		f[k] = v
-	}
-	str := func(k string) string { s, _ := f[k].(string); return s }
-	num := func(k string) int64 {
-		n, _ := f[k].(json.Number).Int64()
-		return n
-	}
-	e := envelope.Envelope{ID: str("id"), Type: str("type"), AggregateType: str("aggregate_type"), AggregateID: str("aggregate_id"),
-		Sequence: num("sequence"), TenantID: str("tenant_id"), CorrelationID: str("correlation_id"), CausationID: str("causation_id"),
-		TraceParent: str("traceparent"), TraceState: str("tracestate"), SchemaVersion: int(num("schema_version")), Payload: json.RawMessage(str("payload"))}
-	if s := str("occurred_at"); s != "" {
-		tm, err := time.Parse(time.RFC3339Nano, s)
-		if err != nil {
-			t.Fatalf("case %q: occurred_at: %v", c.Name, err)
-		}
-		e.OccurredAt = tm
-	}
-	if c.OccurredAtYear != nil {
-		e.OccurredAt = time.Date(*c.OccurredAtYear, 1, 1, 0, 0, 0, 0, time.UTC)
-	}
-	switch {
-	case c.Payload != nil:
-		e.Payload = json.RawMessage(*c.Payload)
-	case c.PayloadHex != "":
-		b, err := hex.DecodeString(c.PayloadHex)
-		if err != nil {
-			t.Fatal(err)
-		}
-		e.Payload = b
-	case c.PayloadDepth > 0:
-		e.Payload = json.RawMessage(strings.Repeat("[", c.PayloadDepth) + "0" + strings.Repeat("]", c.PayloadDepth))
-	case c.PayloadStringBytes > 0:
-		e.Payload = json.RawMessage(`{"x":"` + strings.Repeat("a", c.PayloadStringBytes) + `"}`)
+	e, err := c.Build(base)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return e
 }
@@ -78,23 +30,14 @@ func (c ruleCase) build(t *testing.T, base map[string]any) envelope.Envelope {
 // must also round-trip.
 func TestValidationTable(t *testing.T) {
 	t.Parallel()
-	raw, err := os.ReadFile("testdata/validation.json")
+	table, err := envelopetest.Load()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var table struct {
-		Base  map[string]any `json:"base"`
-		Cases []ruleCase     `json:"cases"`
-	}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber()
-	if err := dec.Decode(&table); err != nil {
-		t.Fatal(err)
-	}
-	kinds := map[string]error{"missing": envelope.ErrMissing, "invalid": envelope.ErrInvalid, "too_large": envelope.ErrTooLarge}
+	kinds := envelopetest.Kinds
 	for _, c := range table.Cases {
 		t.Run(c.Name, func(t *testing.T) {
-			e := c.build(t, table.Base)
+			e := build(t, c, table.Base)
 			err := e.Validate()
 			if c.Field == "" {
 				if err != nil {
