@@ -68,9 +68,10 @@ $f$;
 
 -- fifobox_payload_problem returns why p breaks the payload rules
 -- (envelope.checkPayload), as 'missing' or 'invalid' then ':' and the
--- reason, or NULL when p is a valid payload.
+-- reason, or NULL when p is a valid payload. is_json: the caller has
+-- already parsed p as JSON (saves a subtransaction per event).
 -- +goose StatementBegin
-CREATE FUNCTION fifobox_payload_problem(p text) RETURNS text
+CREATE FUNCTION fifobox_payload_problem(p text, is_json boolean DEFAULT false) RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $f$
 DECLARE
     j json;
@@ -79,16 +80,24 @@ DECLARE
     esc text[];
     high boolean := false;
     num text;
+    members integer;
+    jb_bare text;
+    trimmed text;
 BEGIN
-    IF p IS NULL OR btrim(p, E' \t\n\r') = '' THEN
+    trimmed := btrim(p, E' \t\n\r');
+    IF p IS NULL OR trimmed = '' THEN
         RETURN 'missing:';
     END IF;
-    BEGIN
-        j := p::json;
-    EXCEPTION WHEN others THEN
-        RETURN 'invalid:is not valid JSON';
-    END;
-    IF btrim(p, E' \t\n\r') = 'null' THEN
+    IF is_json THEN
+        j := p::json; -- the caller parsed it already
+    ELSE
+        BEGIN
+            j := p::json;
+        EXCEPTION WHEN others THEN
+            RETURN 'invalid:is not valid JSON';
+        END;
+    END IF;
+    IF trimmed = 'null' THEN
         RETURN 'missing:is JSON null; use {} for an event without data';
     END IF;
     -- \u escapes: PostgreSQL's json type keeps \u0000 and unpaired
@@ -118,26 +127,35 @@ BEGIN
     END IF;
     bare := regexp_replace(p, '"(?:[^"\\]|\\.)*"', '""', 'g');
     -- Depth: peel innermost pairs; 32 rounds empty anything 32 deep or less.
-    brackets := regexp_replace(bare, '[^][{}]', '', 'g');
-    FOR i IN 1..32 LOOP
-        EXIT WHEN brackets = '';
-        brackets := regexp_replace(brackets, '\{\}|\[\]', '', 'g');
-    END LOOP;
+    -- (32 openings or fewer cannot nest deeper than 32.)
+    IF length(bare) - length(replace(replace(bare, '[', ''), '{', '')) > 32 THEN
+        brackets := regexp_replace(bare, '[^][{}]', '', 'g');
+        FOR i IN 1..32 LOOP
+            EXIT WHEN brackets = '';
+            brackets := regexp_replace(brackets, '\{\}|\[\]', '', 'g');
+        END LOOP;
+    ELSE
+        brackets := '';
+    END IF;
     IF brackets <> '' THEN
         RETURN 'invalid:nests deeper than 32 arrays and objects';
     END IF;
     -- Only a number with an exponent or over 308 digits can overflow.
-    FOR num IN SELECT (regexp_matches(bare, '-?[0-9][0-9.eE+-]*', 'g'))[1] LOOP
-        IF (strpos(num, 'e') > 0 OR strpos(num, 'E') > 0 OR length(num) > 308) AND NOT fifobox_float64_ok(num) THEN
-            RETURN 'invalid:a number does not fit a 64-bit floating point value';
-        END IF;
-    END LOOP;
+    IF bare ~ '[0-9][eE]' OR length(bare) > 308 THEN
+        FOR num IN SELECT (regexp_matches(bare, '-?[0-9][0-9.eE+-]*', 'g'))[1] LOOP
+            IF NOT fifobox_float64_ok(num) THEN
+                RETURN 'invalid:a number does not fit a 64-bit floating point value';
+            END IF;
+        END LOOP;
+    END IF;
     -- Duplicate member names: jsonb keeps one member per name, so the
     -- payload has a duplicate exactly when jsonb has fewer members. Every
     -- member has one ':' outside strings, in either text.
-    IF length(bare) - length(replace(bare, ':', '')) > 1 AND length(bare) - length(replace(bare, ':', ''))
-        <> (SELECT length(b) - length(replace(b, ':', ''))
-            FROM regexp_replace(j::jsonb::text, '"(?:[^"\\]|\\.)*"', '""', 'g') AS b) THEN
+    members := length(bare) - length(replace(bare, ':', ''));
+    IF members > 1 THEN
+        jb_bare := regexp_replace(j::jsonb::text, '"(?:[^"\\]|\\.)*"', '""', 'g');
+    END IF;
+    IF members > 1 AND members <> length(jb_bare) - length(replace(jb_bare, ':', '')) THEN
         RETURN 'invalid:an object has two members of the same name';
     END IF;
     RETURN NULL;
@@ -202,7 +220,7 @@ $f$;
 -- +goose StatementBegin
 CREATE FUNCTION fifobox_event_problem(id text, type text, occurred_at timestamptz, aggregate_type text, aggregate_id text,
     tenant_id text, correlation_id text, causation_id text, traceparent text, tracestate text, schema_version bigint,
-    payload text) RETURNS text[]
+    payload text, payload_is_json boolean DEFAULT false) RETURNS text[]
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $f$
 DECLARE
     f text;
@@ -211,6 +229,23 @@ DECLARE
     year numeric;
     problem text;
 BEGIN
+    -- The common case in one expression; anything it does not clear goes
+    -- through the checks below, in Validate's order, for the exact error.
+    IF id ~ '^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$'
+       AND octet_length(type) <= 256 AND type ~ '^[A-Za-z0-9._:/-]+$'
+       AND occurred_at > timestamptz '0001-01-01 00:00:00+00' AND occurred_at < timestamptz '10000-01-01 00:00:00+00'
+       AND octet_length(aggregate_type) <= 128 AND aggregate_type ~ '^[A-Za-z0-9._:/-]+$'
+       AND octet_length(aggregate_id) <= 128 AND aggregate_id ~ '^[!-~]+$'
+       AND (tenant_id IS NULL OR (char_length(tenant_id) <= 128 AND tenant_id !~ '[\x01-\x1f\x7f]'))
+       AND coalesce(correlation_id, '') ~ '^[!-~]{0,128}$' AND coalesce(causation_id, '') ~ '^[!-~]{0,128}$'
+       AND coalesce(traceparent, '') = '' AND coalesce(tracestate, '') = ''
+       AND schema_version BETWEEN 1 AND 2147483647 THEN
+        problem := fifobox_payload_problem(payload, payload_is_json);
+        IF problem IS NULL THEN
+            RETURN NULL;
+        END IF;
+        RETURN ARRAY['payload', split_part(problem, ':', 1), substr(problem, strpos(problem, ':') + 1)];
+    END IF;
     IF id = '' THEN
         RETURN ARRAY['id', 'missing', ''];
     ELSIF octet_length(id) <> 36 OR id !~ '^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$' THEN
@@ -278,7 +313,7 @@ BEGIN
     IF schema_version < 1 OR schema_version > 2147483647 THEN
         RETURN ARRAY['schema_version', 'invalid', 'must be 1 to 2147483647'];
     END IF;
-    problem := fifobox_payload_problem(payload);
+    problem := fifobox_payload_problem(payload, payload_is_json);
     IF problem IS NOT NULL THEN
         RETURN ARRAY['payload', split_part(problem, ':', 1), substr(problem, strpos(problem, ':') + 1)];
     END IF;
@@ -332,6 +367,7 @@ DECLARE
     sized bigint;
     dup_at bigint;
     dup_of bigint;
+    payloads_json boolean;
     i integer;
 BEGIN
     IF max_message_bytes IS NULL OR max_message_bytes < 1 OR max_message_bytes > 262144 THEN
@@ -343,16 +379,26 @@ BEGIN
     END IF;
     -- The first event whose id an earlier one has: reported when the loop
     -- reaches it, so errors come in the order Go's Enqueue finds them.
-    SELECT o, first_o INTO dup_at, dup_of
-    FROM (SELECT o, min(o) OVER (PARTITION BY id) AS first_o
-          FROM unnest(ids) WITH ORDINALITY AS u(id, o) WHERE id IS NOT NULL) d
-    WHERE o > first_o ORDER BY o LIMIT 1;
+    IF n > 1 THEN
+        SELECT o, first_o INTO dup_at, dup_of
+        FROM (SELECT o, min(o) OVER (PARTITION BY id) AS first_o
+              FROM unnest(ids) WITH ORDINALITY AS u(id, o) WHERE id IS NOT NULL) d
+        WHERE o > first_o ORDER BY o LIMIT 1;
+    END IF;
+    -- Parse every payload in one go; only if one is not JSON does each get
+    -- its own (slower) check, to say which.
+    BEGIN
+        PERFORM payloads::json[];
+        payloads_json := true;
+    EXCEPTION WHEN others THEN
+        payloads_json := false;
+    END;
     FOR i IN 1..n LOOP
         ids[i] := coalesce(ids[i], fifobox_uuidv7()::text);
         occurred[i] := coalesce(occurred[i], clock_timestamp());
         schema_versions[i] := coalesce(schema_versions[i], 1);
         problem := fifobox_event_problem(ids[i], types[i], occurred[i], agg_types[i], agg_ids[i], tenants[i],
-            correlations[i], causations[i], traceparents[i], tracestates[i], schema_versions[i], payloads[i]);
+            correlations[i], causations[i], traceparents[i], tracestates[i], schema_versions[i], payloads[i], payloads_json);
         IF problem IS NOT NULL THEN
             PERFORM fifobox_raise_invalid(i - 1, problem);
         END IF;
@@ -411,8 +457,10 @@ BEGIN
     SELECT array_agg(seq ORDER BY o) INTO seqs FROM numbered;
 
     -- The insert and one wake-up per aggregate, as sqlInsertEvents.
-    INSERT INTO outbox_wakeups (aggregate_type, aggregate_id)
-    SELECT DISTINCT t, a FROM unnest(agg_types, agg_ids) AS u(t, a);
+    WITH wake AS (
+        INSERT INTO outbox_wakeups (aggregate_type, aggregate_id)
+        SELECT DISTINCT t, a FROM unnest(agg_types, agg_ids) AS u(t, a)
+    )
     INSERT INTO outbox (event_id, event_type, aggregate_type, aggregate_id, aggregate_seq,
                         tenant_id, traceparent, occurred_at, body)
     SELECT e::uuid, ty, at, ai, s, nullif(te, ''), nullif(tp, ''), oc, convert_to(h || s || tl, 'UTF8')
@@ -456,57 +504,75 @@ RETURNS TABLE (event_id uuid, sequence bigint)
 LANGUAGE plpgsql VOLATILE AS $f$
 #variable_conflict use_column
 DECLARE
-    e json;
-    k text;
-    idx integer := 0;
     strs text[] := ARRAY['id', 'type', 'occurred_at', 'aggregate_type', 'aggregate_id', 'tenant_id',
                          'correlation_id', 'causation_id', 'traceparent', 'tracestate'];
-    ts text;
-    sv text;
-    ids text[] := '{}'; types text[] := '{}'; occurred timestamptz[] := '{}'; agg_types text[] := '{}';
-    agg_ids text[] := '{}'; tenants text[] := '{}'; correlations text[] := '{}'; causations text[] := '{}';
-    traceparents text[] := '{}'; tracestates text[] := '{}'; versions bigint[] := '{}'; payloads text[] := '{}';
+    bad record;
+    e json;
+    idx integer := 0;
+    ids text[]; types text[]; occurred timestamptz[]; agg_types text[]; agg_ids text[]; tenants text[];
+    correlations text[]; causations text[]; traceparents text[]; tracestates text[]; versions bigint[]; payloads text[];
 BEGIN
     IF events IS NULL OR json_typeof(events) <> 'array' THEN
         RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'events',
             MESSAGE = 'enqueue: events: must be a JSON array of envelopes';
     END IF;
-    FOR e IN SELECT value FROM json_array_elements(events) LOOP
-        IF json_typeof(e) <> 'object' THEN
-            PERFORM fifobox_raise_invalid(idx, ARRAY['envelope', 'invalid', 'is not a JSON object']);
-        END IF;
-        FOR k IN SELECT key FROM json_each(e) GROUP BY key HAVING count(*) > 1 LOOP
-            PERFORM fifobox_raise_invalid(idx, ARRAY[k, 'invalid', 'appears twice']);
+    -- The first shape problem, in event and member order: not an object;
+    -- a member twice, unknown, of the wrong JSON type, or of the wrong form.
+    SELECT a.o - 1 AS idx, p.field, p.reason INTO bad
+    FROM json_array_elements(events) WITH ORDINALITY AS a(e, o)
+    CROSS JOIN LATERAL (
+        SELECT 'envelope'::text AS field, 'is not a JSON object'::text AS reason, 0::bigint AS pos
+        WHERE json_typeof(a.e) <> 'object'
+        UNION ALL
+        SELECT key, reason, pos FROM (
+            SELECT m.key, m.pos, CASE
+                WHEN count(*) OVER (PARTITION BY m.key) > 1 THEN 'appears twice'
+                WHEN NOT (m.key = ANY (strs) OR m.key IN ('schema_version', 'payload'))
+                    THEN 'is not an envelope field (the outbox writes v and sequence)'
+                WHEN json_typeof(m.value) = 'null' OR m.key = 'payload' THEN NULL
+                WHEN m.key = 'schema_version' THEN
+                    CASE WHEN json_typeof(m.value) <> 'number' OR m.value::text !~ '^-?[0-9]{1,18}$'
+                         THEN 'must be 1 to 2147483647' END
+                WHEN json_typeof(m.value) <> 'string' THEN format('has JSON type %s, want string', json_typeof(m.value))
+                WHEN m.key = 'occurred_at' AND m.value::text
+                    !~ '^"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})"$'
+                    THEN 'must be an RFC 3339 timestamp'
+                END AS reason
+            FROM json_each(CASE WHEN json_typeof(a.e) = 'object' THEN a.e END) WITH ORDINALITY AS m(key, value, pos)
+        ) x WHERE reason IS NOT NULL
+    ) p
+    ORDER BY a.o, p.pos LIMIT 1;
+    IF FOUND THEN
+        PERFORM fifobox_raise_invalid(bad.idx::integer, ARRAY[bad.field, 'invalid', bad.reason]);
+    END IF;
+    BEGIN
+        -- One pass over the array. Microseconds are kept and finer digits
+        -- dropped rather than rounded, as Go's driver stores them.
+        SELECT coalesce(array_agg(x.id ORDER BY a.o), '{}'), coalesce(array_agg(x.type ORDER BY a.o), '{}'),
+               coalesce(array_agg(regexp_replace(x.occurred_at, '(\.[0-9]{6})[0-9]+', '\1')::timestamptz ORDER BY a.o), '{}'),
+               coalesce(array_agg(x.aggregate_type ORDER BY a.o), '{}'), coalesce(array_agg(x.aggregate_id ORDER BY a.o), '{}'),
+               coalesce(array_agg(x.tenant_id ORDER BY a.o), '{}'), coalesce(array_agg(x.correlation_id ORDER BY a.o), '{}'),
+               coalesce(array_agg(x.causation_id ORDER BY a.o), '{}'), coalesce(array_agg(x.traceparent ORDER BY a.o), '{}'),
+               coalesce(array_agg(x.tracestate ORDER BY a.o), '{}'), coalesce(array_agg(x.schema_version ORDER BY a.o), '{}'),
+               coalesce(array_agg(x.payload::text ORDER BY a.o), '{}')
+        INTO ids, types, occurred, agg_types, agg_ids, tenants, correlations, causations, traceparents, tracestates,
+             versions, payloads
+        FROM json_array_elements(events) WITH ORDINALITY AS a(e, o),
+             LATERAL json_to_record(a.e) AS x(id text, type text, occurred_at text, aggregate_type text, aggregate_id text,
+                 tenant_id text, correlation_id text, causation_id text, traceparent text, tracestate text,
+                 schema_version bigint, payload json);
+    EXCEPTION WHEN datetime_field_overflow OR invalid_datetime_format OR invalid_parameter_value THEN
+        -- A well-formed occurred_at that is no date (2026-02-30): find whose.
+        FOR e IN SELECT value FROM json_array_elements(events) LOOP
+            BEGIN
+                PERFORM (e ->> 'occurred_at')::timestamptz;
+            EXCEPTION WHEN others THEN
+                PERFORM fifobox_raise_invalid(idx, ARRAY['occurred_at', 'invalid', 'must be an RFC 3339 timestamp']);
+            END;
+            idx := idx + 1;
         END LOOP;
-        FOR k IN SELECT key FROM json_each(e) LOOP
-            IF NOT (k = ANY (strs) OR k IN ('schema_version', 'payload')) THEN
-                PERFORM fifobox_raise_invalid(idx, ARRAY[k, 'invalid', 'is not an envelope field (the outbox writes v and sequence)']);
-            END IF;
-            IF k = ANY (strs) AND json_typeof(e -> k) NOT IN ('string', 'null') THEN
-                PERFORM fifobox_raise_invalid(idx, ARRAY[k, 'invalid', format('has JSON type %s, want string', json_typeof(e -> k))]);
-            END IF;
-        END LOOP;
-        ts := e ->> 'occurred_at';
-        IF ts IS NOT NULL AND ts !~ '^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})$' THEN
-            PERFORM fifobox_raise_invalid(idx, ARRAY['occurred_at', 'invalid', 'must be an RFC 3339 timestamp']);
-        END IF;
-        BEGIN
-            -- Keep microseconds, dropping finer digits rather than rounding.
-            occurred := occurred || regexp_replace(ts, '(\.[0-9]{6})[0-9]+', '\1')::timestamptz;
-        EXCEPTION WHEN others THEN
-            PERFORM fifobox_raise_invalid(idx, ARRAY['occurred_at', 'invalid', 'must be an RFC 3339 timestamp']);
-        END;
-        sv := e ->> 'schema_version';
-        IF sv IS NOT NULL AND (json_typeof(e -> 'schema_version') <> 'number' OR sv !~ '^-?[0-9]{1,18}$') THEN
-            PERFORM fifobox_raise_invalid(idx, ARRAY['schema_version', 'invalid', 'must be 1 to 2147483647']);
-        END IF;
-        ids := ids || (e ->> 'id'); types := types || (e ->> 'type'); agg_types := agg_types || (e ->> 'aggregate_type');
-        agg_ids := agg_ids || (e ->> 'aggregate_id'); tenants := tenants || (e ->> 'tenant_id');
-        correlations := correlations || (e ->> 'correlation_id'); causations := causations || (e ->> 'causation_id');
-        traceparents := traceparents || (e ->> 'traceparent'); tracestates := tracestates || (e ->> 'tracestate');
-        versions := versions || sv::bigint; payloads := payloads || (e -> 'payload')::text;
-        idx := idx + 1;
-    END LOOP;
+        RAISE;
+    END;
     RETURN QUERY SELECT * FROM fifobox_enqueue_events(ids, types, occurred, agg_types, agg_ids, tenants, correlations,
         causations, traceparents, tracestates, versions, payloads, max_message_bytes);
 END
@@ -530,9 +596,9 @@ DROP FUNCTION fifobox_enqueue(text, text, text, text, text, timestamptz, text, t
 DROP FUNCTION fifobox_enqueue_events(text[], text[], timestamptz[], text[], text[], text[], text[], text[], text[], text[], bigint[], text[], integer);
 DROP FUNCTION fifobox_uuidv7();
 DROP FUNCTION fifobox_raise_invalid(integer, text[]);
-DROP FUNCTION fifobox_event_problem(text, text, timestamptz, text, text, text, text, text, text, text, bigint, text);
+DROP FUNCTION fifobox_event_problem(text, text, timestamptz, text, text, text, text, text, text, text, bigint, text, boolean);
 DROP FUNCTION fifobox_tracestate_ok(text);
 DROP FUNCTION fifobox_traceparent_ok(text);
-DROP FUNCTION fifobox_payload_problem(text);
+DROP FUNCTION fifobox_payload_problem(text, boolean);
 DROP FUNCTION fifobox_float64_ok(text);
 DROP FUNCTION fifobox_json_string(text);

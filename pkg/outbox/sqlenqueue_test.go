@@ -404,6 +404,8 @@ func TestSQLEnqueueBatch(t *testing.T) {
 		{"sequence is the outbox's", strings.Replace(doc(evs), `"aggregate_id":"c-9"`, `"aggregate_id":"c-9","sequence":4`, 1), "sequence", "22023"},
 		{"wrong JSON type", strings.Replace(doc(evs), `"aggregate_id":"c-9"`, `"aggregate_id":9`, 1), "aggregate_id", "22023"},
 		{"not RFC 3339", strings.Replace(doc(evs), `"occurred_at":"2026-11-22T10:00:00.123456+01:00","payload":[]`, `"occurred_at":"today","payload":[]`, 1), "occurred_at", "22023"},
+		{"no such date", strings.Replace(doc(evs), `"occurred_at":"2026-11-22T10:00:00.123456+01:00","payload":[]`, `"occurred_at":"2026-02-30T10:00:00Z","payload":[]`, 1), "occurred_at", "22023"},
+		{"schema_version not an integer", strings.Replace(doc(evs), `"schema_version":1,"type":"customer.updated"`, `"schema_version":1.5,"type":"customer.updated"`, 1), "schema_version", "22023"},
 		{"null payload", strings.Replace(doc(evs), `"payload":[]`, `"payload":null`, 1), "payload", "22004"},
 		{"missing type", strings.Replace(doc(evs), `,"type":"customer.updated"`, ``, 1), "type", "22004"},
 		{"same id twice", strings.Replace(doc(evs), evs[1].ID, evs[0].ID, 1), "id", "22023"},
