@@ -59,6 +59,10 @@ echo "==> dispatcher Lambda handler: one invocation, latency of events committed
 go test -run '^$' -bench 'BenchmarkInvocationLatency' -benchtime 3x -timeout 30m ./pkg/lambdafn/dispatcher/ | quiet
 
 settle
+echo "==> enqueue: SQL function fifobox_enqueue vs Go's Enqueue (4 producers; one-event and ten-event transactions; one hot aggregate)"
+go test -count=1 -run '^$' -bench 'BenchmarkEnqueueSQL' -benchtime 20000x -timeout 30m ./pkg/outbox/ | quiet
+
+settle
 echo "==> consumer: messages/s through the handler with the inbox vs the same side effect without"
 go test -run '^$' -bench 'BenchmarkConsumer' -benchtime 20000x -timeout 30m ./pkg/inbox/ | quiet
 
