@@ -36,9 +36,9 @@ type verdict struct {
 
 type storedRow struct {
 	EventID, Type, AggType, AggID, Tenant, Traceparent, State string
-	Seq                                                     int64
-	OccurredAt                                              time.Time
-	Body                                                    string
+	Seq                                                       int64
+	OccurredAt                                                time.Time
+	Body                                                      string
 }
 
 const sqlSelectStored = `
