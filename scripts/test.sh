@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command (and CI's, via .ci/run). On a fresh machine it
-# installs and starts what the tests need: PostgreSQL and RabbitMQ (Debian
-# packages), Node 22 and the fauxqs SNS/SQS emulator (npm), pgbouncer (Debian
+# installs and starts what the tests need: PostgreSQL, RabbitMQ and NATS
+# (Debian packages), Node 22 and the fauxqs SNS/SQS emulator (npm), pgbouncer (Debian
 # package), the pinned CDK CLI and cfn-guard (npm), node-postgres (npm) and
 # psycopg (Debian) for the producers-in-other-languages test. It synthesises the CDK
 # templates (the runtime contract tests check each function's environment
@@ -18,6 +18,9 @@ step "PostgreSQL"
 
 step "RabbitMQ (the AMQP transport's tests)"
 ./scripts/ensure-rabbitmq.sh
+
+step "NATS with JetStream (the NATS transport's tests)"
+./scripts/ensure-nats.sh
 
 step "pgbouncer (for the transaction-pooling test)"
 if ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
