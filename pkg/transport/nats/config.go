@@ -28,6 +28,8 @@ const (
 	EnvCredsFile     = "FIFOBOX_NATS_CREDS"
 	EnvUser          = "FIFOBOX_NATS_USER"
 	EnvPassword      = "FIFOBOX_NATS_PASSWORD"
+	// EnvLogAggregateIDs is read by Transport.Consumer.
+	EnvLogAggregateIDs = "FIFOBOX_LOG_AGGREGATE_IDS"
 )
 
 // DefaultURL is the local server.
@@ -44,6 +46,7 @@ var Env = envspec.Set{
 	{Name: EnvCredsFile, Doc: "optional NATS credentials file (JWT + NKey seed)"},
 	{Name: EnvUser, Doc: "optional user name (with " + EnvPassword + ")"},
 	{Name: EnvPassword, Doc: "optional password"},
+	{Name: EnvLogAggregateIDs, Doc: "true: consumers add aggregate ids to their logs (default false: they may carry personal data)"},
 }
 
 // Config is how fifobox reaches a NATS server or cluster and what layout it

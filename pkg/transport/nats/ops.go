@@ -245,4 +245,3 @@ func (o *Operations) Selects(consumer string, m outbox.Message) (bool, error) {
 	}
 	return o.cfg.Topology.Selects(c, o.cfg.Topology.EventSubject(&m)), nil
 }
-
