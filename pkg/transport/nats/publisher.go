@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -209,6 +210,23 @@ type sender struct {
 
 	mu      sync.Mutex
 	streams map[string]streamCheck // cached lookups for mapping "no responders"
+
+	stored, duplicates atomic.Int64
+}
+
+// PublishStats counts a publisher's acknowledged messages.
+type PublishStats struct {
+	// Stored counts messages the stream stored.
+	Stored int64
+	// Duplicates counts republished messages the stream acknowledged as
+	// duplicates inside its duplicate window (PubAck.Duplicate) and did not
+	// store again: each is a dispatcher retry after a lost acknowledgement.
+	Duplicates int64
+}
+
+// Stats returns the publisher's counts since it was created.
+func (p *Publisher) Stats() PublishStats {
+	return PublishStats{Stored: p.s.stored.Load(), Duplicates: p.s.duplicates.Load()}
 }
 
 type streamCheck struct {
@@ -254,8 +272,13 @@ func (s *sender) send(ctx context.Context, out []outgoing) []error {
 		}
 		select {
 		case ack := <-f.Ok():
-			if ack.Stream != out[i].stream {
+			switch {
+			case ack.Stream != out[i].stream:
 				errs[i] = outbox.Permanent(fmt.Errorf("%w: stored in %q, want %q", ErrWrongStream, ack.Stream, out[i].stream))
+			case ack.Duplicate:
+				s.duplicates.Add(1)
+			default:
+				s.stored.Add(1)
 			}
 		case err := <-f.Err():
 			errs[i] = s.classify(ctx, js, out[i], err)
