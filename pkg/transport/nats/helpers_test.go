@@ -213,9 +213,10 @@ type proxy struct {
 	ln     net.Listener
 	target string
 
-	mu    sync.Mutex
-	conns []net.Conn
-	drops int
+	mu     sync.Mutex
+	conns  []net.Conn
+	drops  int
+	paused bool
 }
 
 func newProxy(tb testing.TB) *proxy {
@@ -259,10 +260,43 @@ func (p *proxy) accept() {
 		p.mu.Lock()
 		p.conns = append(p.conns, c, s)
 		p.mu.Unlock()
-		go func() { _, _ = io.Copy(s, c); _ = s.Close() }()
-		go func() { _, _ = io.Copy(c, s); _ = c.Close() }()
+		go p.pipe(s, c)
+		go p.pipe(c, s)
 	}
 }
+
+// pipe copies from src to dst, holding bytes back while the proxy is paused.
+func (p *proxy) pipe(dst, src net.Conn) {
+	defer dst.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		for p.isPaused() {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (p *proxy) isPaused() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.paused
+}
+
+// Pause stops forwarding (the connections stay open: the server seems to
+// hang) until Resume.
+func (p *proxy) Pause() { p.mu.Lock(); p.paused = true; p.mu.Unlock() }
+
+// Resume forwards again.
+func (p *proxy) Resume() { p.mu.Lock(); p.paused = false; p.mu.Unlock() }
 
 // Drop closes every connection through the proxy and returns how many
 // client connections it cut.

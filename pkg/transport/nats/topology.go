@@ -294,7 +294,7 @@ func (t *Topology) setDefaults() {
 			c.Workers = 8
 		}
 		if c.Batch == 0 {
-			c.Batch = 100
+			c.Batch = min(100, c.MaxAckPending)
 		}
 	}
 }
