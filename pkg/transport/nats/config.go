@@ -229,7 +229,7 @@ func redactURL(s string) string {
 			continue
 		}
 		if _, ok := u.User.Password(); ok {
-			u.User = url.UserPassword(u.User.Username(), "***")
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
 		}
 		parts[i] = u.String()
 	}
