@@ -54,7 +54,7 @@ func BenchmarkThroughNATS(b *testing.B) {
 	if err := cfg.Topology.Prepare(); err != nil {
 		b.Fatal(err)
 	}
-	var raw, disp float64
+	var raw, disp, pubOnly, instant float64
 	rounds := 2
 	if s := os.Getenv("FIFOBOX_BENCH_ROUNDS"); s != "" {
 		rounds, _ = strconv.Atoi(s)
@@ -73,45 +73,42 @@ func BenchmarkThroughNATS(b *testing.B) {
 			b.ReportMetric(r, "msgs/s")
 		})
 	}
-	for round := 1; round <= rounds; round++ {
-		if round%2 == 1 {
-			rawSide()
-		}
-		b.Run("dispatcher", func(b *testing.B) {
-			db := pgtest.New(b)
-			ctx := context.Background()
-			evs := benchEvents(b.N)
-			for len(evs) > 0 {
-				batch := evs[:min(500, len(evs))]
-				evs = evs[len(batch):]
-				if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error { return outbox.Enqueue(ctx, tx, batch...) }); err != nil {
-					b.Fatal(err)
-				}
+	pubSide := func() {
+		// The Publisher driven exactly like the raw side, without the outbox:
+		// what the transport costs on its own.
+		b.Run("publisher", func(b *testing.B) {
+			msgs := make([]outbox.Message, b.N)
+			for i, e := range benchEvents(b.N) {
+				msgs[i] = message(e)
 			}
 			pub, err := natsbus.NewPublisher(cfg)
 			if err != nil {
 				b.Fatal(err)
 			}
 			defer pub.Close()
-			d, err := outbox.NewDispatcher(db.Pool, pub, outbox.DispatcherConfig{PublishConcurrency: benchConcurrency, PublishBatchSize: benchBatch, Logger: quiet})
-			if err != nil {
+			if err := pub.Publish(context.Background(), msgs[:1])[0]; err != nil { // connect outside the timing
 				b.Fatal(err)
 			}
 			b.ResetTimer()
-			start := time.Now()
-			if err := d.Drain(ctx); err != nil {
-				b.Fatal(err)
-			}
-			r := float64(b.N) / time.Since(start).Seconds()
+			r := publisherRound(b, pub, msgs[1:])
 			b.StopTimer()
-			if tot := d.Totals(); tot.Sent != int64(b.N) {
-				b.Fatalf("sent %d of %d (%+v)", tot.Sent, b.N, tot)
-			}
 			purge(b, cfg)
-			disp = max(disp, r)
-			b.ReportMetric(r, "events/s")
+			pubOnly = max(pubOnly, r)
+			b.ReportMetric(r, "msgs/s")
 		})
+	}
+	for round := 1; round <= rounds; round++ {
+		if round%2 == 1 {
+			rawSide()
+			pubSide()
+		}
+		disp = max(disp, dispatchRound(b, "dispatcher", cfg, nil))
+		// The same drain with a publisher that returns at once: the ceiling
+		// the outbox itself (PostgreSQL on this machine) sets.
+		instant = max(instant, dispatchRound(b, "dispatcher-instant-publisher", cfg,
+			outbox.PublisherFunc(func(_ context.Context, msgs []outbox.Message) []error { return make([]error, len(msgs)) })))
 		if round%2 == 0 {
+			pubSide()
 			rawSide()
 		}
 	}
@@ -119,7 +116,11 @@ func BenchmarkThroughNATS(b *testing.B) {
 		fmt.Printf("\nthrough NATS JetStream (holdco: one stream, 3 durable pull consumers; best of %d rounds)\n", rounds)
 		fmt.Printf("%-52s %12s\n", "", "events/s")
 		fmt.Printf("%-52s %12.0f\n", "raw JetStream publish (10 async/batch, 16 workers)", raw)
+		fmt.Printf("%-52s %12.0f\n", "natsbus.Publisher alone (same batches, no outbox)", pubOnly)
 		fmt.Printf("%-52s %12.0f\n", "dispatcher: outbox -> JetStream (Drain)", disp)
+		fmt.Printf("%-52s %12.0f\n", "dispatcher, instant publisher (the outbox alone)", instant)
+		fmt.Printf("%-52s %11.0f%%\n", "publisher / raw", 100*pubOnly/raw)
+		fmt.Printf("%-52s %11.0f%%\n", "dispatcher through NATS / dispatcher instant", 100*disp/instant)
 		fmt.Printf("%-52s %11.0f%%   (target >= 80%%)\n\n", "dispatcher / raw", 100*disp/raw)
 	}
 }
@@ -177,6 +178,83 @@ func rawRound(b *testing.B, cfg natsbus.Config, msgs []outbox.Message) float64 {
 					select {
 					case <-f.Ok():
 					case err := <-f.Err():
+						b.Error(err)
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return float64(len(msgs)) / time.Since(start).Seconds()
+}
+
+// dispatchRound drains b.N enqueued events through pub (nil: a natsbus
+// Publisher) and returns the rate.
+func dispatchRound(b *testing.B, name string, cfg natsbus.Config, pub outbox.Publisher) float64 {
+	var rate float64
+	b.Run(name, func(b *testing.B) {
+		db := pgtest.New(b)
+		ctx := context.Background()
+		evs := benchEvents(b.N)
+		for len(evs) > 0 {
+			batch := evs[:min(500, len(evs))]
+			evs = evs[len(batch):]
+			if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error { return outbox.Enqueue(ctx, tx, batch...) }); err != nil {
+				b.Fatal(err)
+			}
+		}
+		p := pub
+		if p == nil {
+			np, err := natsbus.NewPublisher(cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer np.Close()
+			p = np
+		}
+		d, err := outbox.NewDispatcher(db.Pool, p, outbox.DispatcherConfig{PublishConcurrency: benchConcurrency, PublishBatchSize: benchBatch, Logger: quiet})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ResetTimer()
+		start := time.Now()
+		if err := d.Drain(ctx); err != nil {
+			b.Fatal(err)
+		}
+		r := float64(b.N) / time.Since(start).Seconds()
+		b.StopTimer()
+		if tot := d.Totals(); tot.Sent != int64(b.N) {
+			b.Fatalf("sent %d of %d (%+v)", tot.Sent, b.N, tot)
+		}
+		purge(b, cfg)
+		rate = max(rate, r)
+		b.ReportMetric(r, "events/s")
+	})
+	return rate
+}
+
+// publisherRound is rawRound through the Publisher.
+func publisherRound(b *testing.B, pub *natsbus.Publisher, msgs []outbox.Message) float64 {
+	var next sync.Mutex
+	pos := 0
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := 0; w < benchConcurrency; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				next.Lock()
+				lo := pos
+				pos = min(pos+benchBatch, len(msgs))
+				hi := pos
+				next.Unlock()
+				if lo >= hi {
+					return
+				}
+				for _, err := range pub.Publish(context.Background(), msgs[lo:hi]) {
+					if err != nil {
 						b.Error(err)
 						return
 					}
