@@ -1,0 +1,280 @@
+package natsbus_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fifobox/fifobox/internal/pgtest"
+	"github.com/fifobox/fifobox/pkg/envelope"
+	"github.com/fifobox/fifobox/pkg/outbox"
+	natsbus "github.com/fifobox/fifobox/pkg/transport/nats"
+)
+
+const (
+	benchConcurrency = 16 // the dispatcher's default PublishConcurrency
+	benchBatch       = 10 // the dispatcher's default PublishBatchSize
+)
+
+// benchEvents returns n holdco events over n/2 aggregates (two each: only one
+// event per aggregate can be in flight, so deeper aggregates measure rounds,
+// not speed), ~300-byte bodies.
+func benchEvents(n int) []envelope.Envelope {
+	kinds := holdcoKinds
+	aggs := max(n/2, 1)
+	out := make([]envelope.Envelope, 0, n)
+	for i := 0; i < n; i++ {
+		k := kinds[(i%aggs)%len(kinds)]
+		e := newEvent(k.typ, fmt.Sprintf("%s-%07d", k.typ, i%aggs), k.events[(i/aggs)%len(k.events)], int64(i/aggs+1))
+		e.Payload = []byte(fmt.Sprintf(`{"amount_cents":%d,"currency":"EUR","note":"%0200d"}`, i, i))
+		out = append(out, e)
+	}
+	return out
+}
+
+// BenchmarkThroughNATS measures dispatcher throughput (PostgreSQL outbox ->
+// Publisher -> holdco's stream with its 3 durable consumers) beside the raw
+// JetStream publish rate of the same client to the same stream, with the
+// same messages, headers, batch size and concurrency, in one run: 16
+// goroutines, each publishing 10 messages asynchronously and then waiting
+// for their 10 PubAcks. Rounds alternate which side goes first; the best of
+// each is reported. b.N is events per round.
+//
+//	go test -run '^$' -bench BenchmarkThroughNATS -benchtime 20000x ./pkg/transport/nats/
+func BenchmarkThroughNATS(b *testing.B) {
+	cfg := setup(b, natsbus.Holdco())
+	if err := cfg.Topology.Prepare(); err != nil {
+		b.Fatal(err)
+	}
+	var raw, disp, pubOnly, instant float64
+	rounds := 2
+	if s := os.Getenv("FIFOBOX_BENCH_ROUNDS"); s != "" {
+		rounds, _ = strconv.Atoi(s)
+	}
+	rawSide := func() {
+		b.Run("raw-jetstream-publish", func(b *testing.B) {
+			msgs := make([]outbox.Message, b.N)
+			for i, e := range benchEvents(b.N) {
+				msgs[i] = message(e)
+			}
+			b.ResetTimer()
+			r := rawRound(b, cfg, msgs)
+			b.StopTimer()
+			purge(b, cfg)
+			raw = max(raw, r)
+			b.ReportMetric(r, "msgs/s")
+		})
+	}
+	pubSide := func() {
+		// The Publisher driven exactly like the raw side, without the outbox:
+		// what the transport costs on its own.
+		b.Run("publisher", func(b *testing.B) {
+			msgs := make([]outbox.Message, b.N)
+			for i, e := range benchEvents(b.N) {
+				msgs[i] = message(e)
+			}
+			pub, err := natsbus.NewPublisher(cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer pub.Close()
+			if err := pub.Publish(context.Background(), msgs[:1])[0]; err != nil { // connect outside the timing
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			r := publisherRound(b, pub, msgs[1:])
+			b.StopTimer()
+			purge(b, cfg)
+			pubOnly = max(pubOnly, r)
+			b.ReportMetric(r, "msgs/s")
+		})
+	}
+	for round := 1; round <= rounds; round++ {
+		if round%2 == 1 {
+			rawSide()
+			pubSide()
+		}
+		disp = max(disp, dispatchRound(b, "dispatcher", cfg, nil))
+		// The same drain with a publisher that returns at once: the ceiling
+		// the outbox itself (PostgreSQL on this machine) sets.
+		instant = max(instant, dispatchRound(b, "dispatcher-instant-publisher", cfg,
+			outbox.PublisherFunc(func(_ context.Context, msgs []outbox.Message) []error { return make([]error, len(msgs)) })))
+		if round%2 == 0 {
+			pubSide()
+			rawSide()
+		}
+	}
+	if raw > 0 && disp > 0 {
+		fmt.Printf("\nthrough NATS JetStream (holdco: one stream, 3 durable pull consumers; best of %d rounds)\n", rounds)
+		fmt.Printf("%-52s %12s\n", "", "events/s")
+		fmt.Printf("%-52s %12.0f\n", "raw JetStream publish (10 async/batch, 16 workers)", raw)
+		fmt.Printf("%-52s %12.0f\n", "natsbus.Publisher alone (same batches, no outbox)", pubOnly)
+		fmt.Printf("%-52s %12.0f\n", "dispatcher: outbox -> JetStream (Drain)", disp)
+		fmt.Printf("%-52s %12.0f\n", "dispatcher, instant publisher (the outbox alone)", instant)
+		fmt.Printf("%-52s %11.0f%%\n", "publisher / raw", 100*pubOnly/raw)
+		fmt.Printf("%-52s %11.0f%%\n", "dispatcher through NATS / dispatcher instant", 100*disp/instant)
+		fmt.Printf("%-52s %11.0f%%   (target >= 80%%)\n\n", "dispatcher / raw", 100*disp/raw)
+	}
+}
+
+// rawRound publishes msgs like the dispatcher's publish step would, with the
+// client alone: benchConcurrency goroutines, each taking the next 10
+// messages, publishing them asynchronously and waiting for their PubAcks.
+func rawRound(b *testing.B, cfg natsbus.Config, msgs []outbox.Message) float64 {
+	nc, err := nats.Connect(cfg.URL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	out := make([]*nats.Msg, len(msgs))
+	for i := range msgs {
+		m := &msgs[i]
+		out[i] = &nats.Msg{Subject: cfg.Topology.EventSubject(m), Data: m.Body, Header: nats.Header{
+			natsbus.HeaderMsgID: {m.EventID}, natsbus.HeaderEventID: {m.EventID}, natsbus.HeaderEventType: {m.EventType},
+			natsbus.HeaderAggregateType: {m.AggregateType}, natsbus.HeaderAggregateID: {m.GroupID},
+			natsbus.HeaderSequence: {strconv.FormatInt(m.Sequence, 10)}, natsbus.HeaderTenantID: {"acme"},
+			natsbus.HeaderContentType: {"application/json"}}}
+	}
+	var next sync.Mutex
+	pos := 0
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := 0; w < benchConcurrency; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			futs := make([]jetstream.PubAckFuture, 0, benchBatch)
+			for {
+				next.Lock()
+				lo := pos
+				pos = min(pos+benchBatch, len(out))
+				hi := pos
+				next.Unlock()
+				if lo >= hi {
+					return
+				}
+				futs = futs[:0]
+				for i := lo; i < hi; i++ {
+					f, err := js.PublishMsgAsync(out[i], jetstream.WithExpectStream(cfg.Topology.Stream))
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					futs = append(futs, f)
+				}
+				for _, f := range futs {
+					select {
+					case <-f.Ok():
+					case err := <-f.Err():
+						b.Error(err)
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return float64(len(msgs)) / time.Since(start).Seconds()
+}
+
+// dispatchRound drains b.N enqueued events through pub (nil: a natsbus
+// Publisher) and returns the rate.
+func dispatchRound(b *testing.B, name string, cfg natsbus.Config, pub outbox.Publisher) float64 {
+	var rate float64
+	b.Run(name, func(b *testing.B) {
+		db := pgtest.New(b)
+		ctx := context.Background()
+		evs := benchEvents(b.N)
+		for len(evs) > 0 {
+			batch := evs[:min(500, len(evs))]
+			evs = evs[len(batch):]
+			if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error { return outbox.Enqueue(ctx, tx, batch...) }); err != nil {
+				b.Fatal(err)
+			}
+		}
+		p := pub
+		if p == nil {
+			np, err := natsbus.NewPublisher(cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer np.Close()
+			p = np
+		}
+		d, err := outbox.NewDispatcher(db.Pool, p, outbox.DispatcherConfig{PublishConcurrency: benchConcurrency, PublishBatchSize: benchBatch, Logger: quiet})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ResetTimer()
+		start := time.Now()
+		if err := d.Drain(ctx); err != nil {
+			b.Fatal(err)
+		}
+		r := float64(b.N) / time.Since(start).Seconds()
+		b.StopTimer()
+		if tot := d.Totals(); tot.Sent != int64(b.N) {
+			b.Fatalf("sent %d of %d (%+v)", tot.Sent, b.N, tot)
+		}
+		purge(b, cfg)
+		rate = max(rate, r)
+		b.ReportMetric(r, "events/s")
+	})
+	return rate
+}
+
+// publisherRound is rawRound through the Publisher.
+func publisherRound(b *testing.B, pub *natsbus.Publisher, msgs []outbox.Message) float64 {
+	var next sync.Mutex
+	pos := 0
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := 0; w < benchConcurrency; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				next.Lock()
+				lo := pos
+				pos = min(pos+benchBatch, len(msgs))
+				hi := pos
+				next.Unlock()
+				if lo >= hi {
+					return
+				}
+				for _, err := range pub.Publish(context.Background(), msgs[lo:hi]) {
+					if err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return float64(len(msgs)) / time.Since(start).Seconds()
+}
+
+// purge empties the stream between rounds, so no round pays for another's
+// backlog.
+func purge(b *testing.B, cfg natsbus.Config) {
+	r := dialRaw(b)
+	s, err := r.js.Stream(context.Background(), cfg.Topology.Stream)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := s.Purge(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+}

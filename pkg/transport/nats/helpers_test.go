@@ -1,0 +1,313 @@
+package natsbus_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fifobox/fifobox/pkg/envelope"
+	"github.com/fifobox/fifobox/pkg/outbox"
+	"github.com/fifobox/fifobox/pkg/transport"
+	natsbus "github.com/fifobox/fifobox/pkg/transport/nats"
+)
+
+// quiet is a logger for tests that expect warnings (outages, retries).
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// serverURL is the NATS server the tests use: FIFOBOX_TEST_NATS_URL, default
+// the local one. Tests never restart or reconfigure it; each works in
+// streams and subjects of its own and deletes them.
+func serverURL() string {
+	if u := os.Getenv("FIFOBOX_TEST_NATS_URL"); u != "" {
+		return u
+	}
+	return natsbus.DefaultURL
+}
+
+var (
+	reachOnce sync.Once
+	reachErr  error
+)
+
+// needServer skips the test when no NATS server with JetStream answers.
+func needServer(tb testing.TB) {
+	tb.Helper()
+	reachOnce.Do(func() {
+		nc, err := nats.Connect(serverURL(), nats.Timeout(2*time.Second))
+		if err != nil {
+			reachErr = err
+			return
+		}
+		defer nc.Close()
+		js, _ := jetstream.New(nc)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, reachErr = js.AccountInfo(ctx)
+	})
+	if reachErr != nil {
+		tb.Skipf("no NATS server with JetStream at %s (set FIFOBOX_TEST_NATS_URL, or start nats-server -js): %v", serverURL(), reachErr)
+	}
+}
+
+// isolate gives topo a stream, dead-letter stream and subject prefix of its
+// own, so tests run in parallel without seeing each other's data, and
+// deletes the streams when the test ends.
+func isolate(tb testing.TB, topo natsbus.Topology) natsbus.Topology {
+	tb.Helper()
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	id := hex.EncodeToString(b)
+	topo.Stream = "T" + id + "_" + topo.Stream
+	topo.DeadLetterStream = ""
+	topo.SubjectPrefix = "t" + id + "." + topo.SubjectPrefix
+	dlq := topo.Stream + "_DLQ"
+	tb.Cleanup(func() {
+		nc, err := nats.Connect(serverURL())
+		if err != nil {
+			return
+		}
+		defer nc.Close()
+		js, _ := jetstream.New(nc)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = js.DeleteStream(ctx, topo.Stream)
+		_ = js.DeleteStream(ctx, dlq)
+	})
+	return topo
+}
+
+// setup isolates topo, provisions it and returns the config.
+func setup(tb testing.TB, topo natsbus.Topology) natsbus.Config {
+	tb.Helper()
+	needServer(tb)
+	cfg := natsbus.Config{URL: serverURL(), Topology: isolate(tb, topo), Logger: quiet, ReconnectMaxDelay: 500 * time.Millisecond}
+	p, err := natsbus.NewProvisioner(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := p.Provision(ctx); err != nil {
+		tb.Fatal(err)
+	}
+	return cfg
+}
+
+func newPublisher(tb testing.TB, cfg natsbus.Config) *natsbus.Publisher {
+	tb.Helper()
+	p, err := natsbus.NewPublisher(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+// newEvent returns an envelope of one aggregate with sequence seq.
+func newEvent(aggType, aggID, evType string, seq int64) envelope.Envelope {
+	id, _ := uuid.NewV7()
+	return envelope.Envelope{ID: id.String(), Type: evType, OccurredAt: time.Now().UTC(), AggregateType: aggType,
+		AggregateID: aggID, Sequence: seq, TenantID: "acme", SchemaVersion: 1, Payload: json.RawMessage(fmt.Sprintf(`{"seq":%d}`, seq))}
+}
+
+// message is e as the dispatcher would hand it to a publisher.
+func message(e envelope.Envelope) outbox.Message {
+	body, err := e.Encode()
+	if err != nil {
+		panic(err)
+	}
+	return outbox.Message{EventID: e.ID, GroupID: e.AggregateID, DedupID: e.ID, AggregateType: e.AggregateType,
+		Sequence: e.Sequence, EventType: e.Type, Body: body, Attributes: e.Attributes(), Attempt: 1}
+}
+
+// raw is a test's own connection, for inspecting streams.
+type raw struct {
+	tb testing.TB
+	nc *nats.Conn
+	js jetstream.JetStream
+}
+
+func dialRaw(tb testing.TB) *raw {
+	tb.Helper()
+	nc, err := nats.Connect(serverURL())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return &raw{tb: tb, nc: nc, js: js}
+}
+
+// msgs is the number of messages in the stream.
+func (r *raw) msgs(stream string) uint64 {
+	r.tb.Helper()
+	s, err := r.js.Stream(context.Background(), stream)
+	if err != nil {
+		r.tb.Fatalf("stream %s: %v", stream, err)
+	}
+	return s.CachedInfo().State.Msgs
+}
+
+// all reads every message of stream with a subject matching filter, in order.
+func (r *raw) all(stream, filter string) []jetstream.Msg {
+	r.tb.Helper()
+	ctx := context.Background()
+	c, err := r.js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}})
+	if err != nil {
+		r.tb.Fatalf("ordered consumer on %s: %v", stream, err)
+	}
+	var out []jetstream.Msg
+	for {
+		b, err := c.Fetch(100, jetstream.FetchMaxWait(500*time.Millisecond))
+		if err != nil {
+			r.tb.Fatalf("fetch %s: %v", stream, err)
+		}
+		n := 0
+		for m := range b.Messages() {
+			out = append(out, m)
+			n++
+		}
+		if n == 0 {
+			return out
+		}
+	}
+}
+
+// eventually polls cond until it holds or the timeout passes.
+func eventually(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// fastRetry is a retry policy for tests: n retries at 50ms, 100ms, 200ms...
+func fastRetry(n int) transport.RetryPolicy {
+	return transport.RetryPolicy{MaxRetries: n, InitialDelay: transport.Duration(50 * time.Millisecond), Multiplier: 2, MaxDelay: transport.Duration(time.Second)}
+}
+
+// proxy is a TCP proxy to the NATS server that the test can cut: Drop
+// closes every connection through it (the clients see the server vanish and
+// reconnect), without touching the server itself.
+type proxy struct {
+	ln     net.Listener
+	target string
+
+	mu     sync.Mutex
+	conns  []net.Conn
+	drops  int
+	paused bool
+}
+
+func newProxy(tb testing.TB) *proxy {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	target := "127.0.0.1:4222"
+	if u := os.Getenv("FIFOBOX_TEST_NATS_URL"); u != "" {
+		if h, err := parseHost(u); err == nil {
+			target = h
+		}
+	}
+	p := &proxy{ln: ln, target: target}
+	go p.accept()
+	tb.Cleanup(func() { _ = ln.Close(); p.Drop() })
+	return p
+}
+
+func parseHost(u string) (string, error) {
+	var host string
+	_, err := fmt.Sscanf(u, "nats://%s", &host)
+	return host, err
+}
+
+// URL is the proxy's address as a NATS URL.
+func (p *proxy) URL() string { return "nats://" + p.ln.Addr().String() }
+
+func (p *proxy) accept() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.DialTimeout("tcp", p.target, 2*time.Second)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, c, s)
+		p.mu.Unlock()
+		go p.pipe(s, c)
+		go p.pipe(c, s)
+	}
+}
+
+// pipe copies from src to dst, holding bytes back while the proxy is paused.
+func (p *proxy) pipe(dst, src net.Conn) {
+	defer dst.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		for p.isPaused() {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (p *proxy) isPaused() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.paused
+}
+
+// Pause stops forwarding (the connections stay open: the server seems to
+// hang) until Resume.
+func (p *proxy) Pause() { p.mu.Lock(); p.paused = true; p.mu.Unlock() }
+
+// Resume forwards again.
+func (p *proxy) Resume() { p.mu.Lock(); p.paused = false; p.mu.Unlock() }
+
+// Drop closes every connection through the proxy and returns how many
+// client connections it cut.
+func (p *proxy) Drop() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		_ = c.Close()
+	}
+	n := len(p.conns) / 2
+	p.conns = nil
+	p.drops++
+	return n
+}
