@@ -75,3 +75,9 @@ go test -count=1 -run '^$' -bench 'BenchmarkThroughRabbitMQ' -benchtime 20000x -
 settle
 echo "==> RabbitMQ: commit-to-consume latency at 100 and 1,000 events/s offered (whole pipeline, inbox included)"
 go test -count=1 -run '^$' -bench 'BenchmarkLatency' -benchtime 1x -timeout 30m ./pkg/transport/amqp/ | quiet
+
+# --- NATS JetStream transport (pkg/transport/nats; needs the NATS of make test) ---
+./scripts/ensure-nats.sh >/dev/null 2>&1
+settle
+echo "==> NATS: dispatcher through JetStream (holdco) vs raw JetStream publish (same client, messages, concurrency)"
+go test -count=1 -run '^$' -bench 'BenchmarkThroughNATS' -benchtime 20000x -timeout 30m ./pkg/transport/nats/ | quiet

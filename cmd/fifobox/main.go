@@ -32,6 +32,7 @@ import (
 	"github.com/fifobox/fifobox/pkg/topology"
 	"github.com/fifobox/fifobox/pkg/transport"
 	"github.com/fifobox/fifobox/pkg/transport/amqp"
+	natsbus "github.com/fifobox/fifobox/pkg/transport/nats"
 )
 
 // DefaultDatabaseURL is the local development database.
@@ -84,7 +85,8 @@ in the redrive_audit table.
 
 Locally it uses PostgreSQL (--database-url) and SQS at AWS_ENDPOINT_URL; with
 FIFOBOX_TRANSPORT=rabbitmq, status, replay and dlq-redrive use RabbitMQ
-(FIFOBOX_AMQP_URL, FIFOBOX_AMQP_TOPOLOGY) instead of SQS.
+(FIFOBOX_AMQP_URL, FIFOBOX_AMQP_TOPOLOGY) instead of SQS; with
+FIFOBOX_TRANSPORT=nats, NATS JetStream (FIFOBOX_NATS_URL, FIFOBOX_NATS_TOPOLOGY).
 Against AWS, --via-lambda FUNCTION runs the same command in the redrive Lambda.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -199,7 +201,17 @@ func (a *app) service(ctx context.Context, op string) (*redrive.Service, error) 
 		a.closers = append(a.closers, ops.Close)
 		return redrive.New(pool, nil, redrive.Config{Broker: ops, Logger: a.logger(), Progress: a.progress})
 	case needsBroker && kind == transport.NATS:
-		return nil, fmt.Errorf("%s=nats: the NATS transport is not built yet", transport.EnvTransport)
+		cfg, err := natsbus.ConfigFromEnv()
+		if err != nil {
+			return nil, err
+		}
+		cfg.Logger = a.logger()
+		ops, err := natsbus.NewOperations(cfg)
+		if err != nil {
+			return nil, err
+		}
+		a.closers = append(a.closers, ops.Close)
+		return redrive.New(pool, nil, redrive.Config{Broker: ops, Logger: a.logger(), Progress: a.progress})
 	}
 	if needsBroker {
 		awsCfg, err := a.aws(ctx)
