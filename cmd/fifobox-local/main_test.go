@@ -14,9 +14,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fifobox/fifobox/internal/emulatortest"
 	"github.com/fifobox/fifobox/internal/pgtest"
+	"github.com/fifobox/fifobox/pkg/transport/amqp/amqptest"
+	natsbus "github.com/fifobox/fifobox/pkg/transport/nats"
 )
 
 // These tests run what `make local` runs, against PostgreSQL and the
@@ -64,6 +68,58 @@ func ints(t *testing.T, re *regexp.Regexp, out string) []int {
 
 func TestLocalDemoRunsEndToEnd(t *testing.T) {
 	o, out, _ := demoOptions(t, 25, 200)
+	runDemo(t, o, out)
+}
+
+// make local with FIFOBOX_TRANSPORT=rabbitmq: the same demo through the
+// machine's RabbitMQ, in a vhost of the test's own.
+func TestLocalDemoThroughRabbitMQ(t *testing.T) {
+	v := amqptest.New(t)
+	t.Setenv("FIFOBOX_TRANSPORT", "rabbitmq")
+	t.Setenv("FIFOBOX_AMQP_URL", v.URL)
+	runDemo(t, brokerDemoOptions(t, 25, 200), nil)
+}
+
+// make local with FIFOBOX_TRANSPORT=nats: the same demo through the
+// machine's NATS JetStream, in a stream and subject prefix of the test's own.
+func TestLocalDemoThroughNATS(t *testing.T) {
+	url := natsbus.DefaultURL
+	nc, err := nats.Connect(url, nats.Timeout(2*time.Second))
+	if err != nil {
+		t.Skipf("no NATS server at %s: %v", url, err)
+	}
+	defer nc.Close()
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	id := hex.EncodeToString(b)
+	stream := "T" + id + "_LOCAL"
+	t.Cleanup(func() {
+		js, _ := jetstream.New(nc)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = js.DeleteStream(ctx, stream)
+		_ = js.DeleteStream(ctx, stream+"_DLQ")
+	})
+	t.Setenv("FIFOBOX_TRANSPORT", "nats")
+	t.Setenv("FIFOBOX_NATS_URL", url)
+	t.Setenv("FIFOBOX_NATS_STREAM", stream)
+	t.Setenv("FIFOBOX_NATS_SUBJECT_PREFIX", "t"+id+".local")
+	runDemo(t, brokerDemoOptions(t, 25, 200), nil)
+}
+
+func brokerDemoOptions(t *testing.T, orders, rate int) options {
+	db := pgtest.NewEmpty(t)
+	return options{dbURL: db.URL, orders: orders, rate: rate, period: time.Second,
+		metricsPath: filepath.Join(t.TempDir(), "metrics.emf.jsonl"), out: &bytes.Buffer{}}
+}
+
+// runDemo runs the demo of 25 orders and checks its summary: every event
+// applied once by each consumer that selects it, in order, and the read model.
+func runDemo(t *testing.T, o options, out *bytes.Buffer) {
+	t.Helper()
+	if out == nil {
+		out = o.out.(*bytes.Buffer)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if err := run(ctx, o, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {

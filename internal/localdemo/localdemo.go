@@ -7,6 +7,10 @@
 // not report as failed. An observer around each consumer handler checks that
 // every aggregate's events arrive in order. It prints a live progress line
 // and a summary.
+//
+// With another transport (RabbitMQ, NATS JetStream: Deps.Runner) the same
+// demo runs through that broker's publisher and consumer runners instead of
+// SNS/SQS and the Lambda consumer handler.
 package localdemo
 
 import (
@@ -32,7 +36,9 @@ import (
 	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/lambdafn/dispatcher"
 	"github.com/fifobox/fifobox/pkg/outbox"
+	"github.com/fifobox/fifobox/pkg/topology"
 	"github.com/fifobox/fifobox/pkg/topology/provision"
+	"github.com/fifobox/fifobox/pkg/transport"
 )
 
 // Config of a demo run.
@@ -66,6 +72,29 @@ type Deps struct {
 	// Consumers are the consumer Lambda handlers, by consumer name.
 	Consumers map[string]inbox.BatchFunc
 	Log       *slog.Logger
+
+	// Runner, when set, consumes through another transport instead of SQS
+	// (SQS, Resources and Consumers are then unused): it returns the named
+	// consumer's runner, whose side effect calls applied(e) once e's side
+	// effect succeeded. Topology names the consumers and what each selects.
+	Runner   func(consumer string, applied func(envelope.Envelope)) (transport.Runner, error)
+	Topology topology.Topology
+}
+
+// consumers returns each consumer by name, from the SQS resources or, for
+// another transport, the topology.
+func (d Deps) consumers() map[string]topology.Consumer {
+	out := map[string]topology.Consumer{}
+	if d.Runner != nil {
+		for _, c := range d.Topology.Consumers {
+			out[c.Name] = c
+		}
+		return out
+	}
+	for n, q := range d.Resources.Queues {
+		out[n] = q.Consumer
+	}
+	return out
 }
 
 // OrderPayload is the demo's order event payload.
@@ -139,8 +168,9 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 
 	// Event-source runners, one per consumer queue, each feeding the
 	// consumer handler through an order observer.
-	names := make([]string, 0, len(d.Resources.Queues))
-	for n := range d.Resources.Queues {
+	consumers := d.consumers()
+	names := make([]string, 0, len(consumers))
+	for n := range consumers {
 		names = append(names, n)
 	}
 	sort.Strings(names)
@@ -150,13 +180,26 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	defer stopRunners()
 	var rwg sync.WaitGroup
 	for _, n := range names {
+		st := &queueStats{last: map[string]int64{}, seen: map[string]bool{}}
+		stats[n] = st
+		expected[n] = &atomic.Int64{}
+		if d.Runner != nil {
+			r, err := d.Runner(n, func(e envelope.Envelope) {
+				st.mu.Lock()
+				defer st.mu.Unlock()
+				st.record(runID, e)
+			})
+			if err != nil {
+				return fmt.Errorf("consumer %s: %w", n, err)
+			}
+			rwg.Add(1)
+			go func() { defer rwg.Done(); _ = r.Run(rctx) }()
+			continue
+		}
 		h, ok := d.Consumers[n]
 		if !ok {
 			return fmt.Errorf("no consumer handler for queue %s", n)
 		}
-		st := &queueStats{last: map[string]int64{}, seen: map[string]bool{}}
-		stats[n] = st
-		expected[n] = &atomic.Int64{}
 		q := d.Resources.Queues[n]
 		r := &inbox.Runner{SQS: d.SQS, QueueURL: q.URL, QueueARN: q.ARN, Handler: observe(h, runID, st),
 			RetryDelay: time.Second, Logger: d.Log}
@@ -318,23 +361,32 @@ func observe(h inbox.BatchFunc, runID string, st *queueStats) inbox.BatchFunc {
 				continue
 			}
 			e, err := envelope.Decode([]byte(r.Body))
-			if err != nil || !strings.Contains(e.AggregateID, runID) {
-				continue // not this run's (left over from an interrupted run)
+			if err != nil {
+				continue
 			}
-			switch {
-			case st.seen[e.ID]:
-				st.repeats.Add(1)
-			case e.Sequence <= st.last[e.AggregateID]:
-				st.violations.Add(1)
-			default:
-				st.last[e.AggregateID] = e.Sequence
-				st.lat = append(st.lat, time.Since(e.OccurredAt))
-				st.received.Add(1)
-			}
-			st.seen[e.ID] = true
+			st.record(runID, e)
 		}
 		return resp, nil
 	}
+}
+
+// record counts one handled event of this run (st.mu held): in order,
+// again, or before an earlier event of its aggregate.
+func (st *queueStats) record(runID string, e envelope.Envelope) {
+	if !strings.Contains(e.AggregateID, runID) {
+		return // not this run's (left over from an interrupted run)
+	}
+	switch {
+	case st.seen[e.ID]:
+		st.repeats.Add(1)
+	case e.Sequence <= st.last[e.AggregateID]:
+		st.violations.Add(1)
+	default:
+		st.last[e.AggregateID] = e.Sequence
+		st.lat = append(st.lat, time.Since(e.OccurredAt))
+		st.received.Add(1)
+	}
+	st.seen[e.ID] = true
 }
 
 type readModelCounts struct {
@@ -405,8 +457,8 @@ func produce(ctx context.Context, cfg Config, d Deps, runID string, enqueued *pr
 			return fmt.Errorf("demo transaction: %w", err)
 		}
 		enqueued.steps[j.step].Add(1)
-		for name, q := range d.Resources.Queues {
-			if q.Consumer.Matches(ev.Attributes()) {
+		for name, c := range d.consumers() {
+			if c.Matches(ev.Attributes()) {
 				expected[name].Add(1)
 			}
 		}
