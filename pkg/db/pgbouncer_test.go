@@ -129,7 +129,15 @@ logfile = %s/pgbouncer.log
 				id, _ := uuid.NewV7()
 				e := envelope.Envelope{ID: id.String(), Type: "t.x", OccurredAt: time.Now(), AggregateType: "a",
 					AggregateID: fmt.Sprintf("agg-%d", (w*7+i)%aggregates), SchemaVersion: 1, Payload: json.RawMessage(`{}`)}
-				if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return outbox.Enqueue(ctx, tx, e) }); err != nil {
+				enqueue := func(tx pgx.Tx) error { return outbox.Enqueue(ctx, tx, e) }
+				if w%2 == 1 { // half the producers through the SQL function (migrations/00013)
+					enqueue = func(tx pgx.Tx) error {
+						_, err := tx.Exec(ctx, `SELECT fifobox_enqueue(aggregate_type => $1, aggregate_id => $2, type => $3, payload => $4, id => $5)`,
+							e.AggregateType, e.AggregateID, e.Type, string(e.Payload), e.ID)
+						return err
+					}
+				}
+				if err := pgx.BeginFunc(ctx, pool, enqueue); err != nil {
 					t.Error(err)
 					return
 				}
