@@ -115,7 +115,8 @@ Against AWS, --via-lambda FUNCTION runs the same command in the redrive Lambda.`
 	pf.BoolVar(&a.jsonOut, "json", false, "print the result as JSON")
 	pf.StringVar(&a.actor, "actor", who+"@"+host, "who is asking, recorded in the audit trail")
 	pf.BoolVarP(&a.verbose, "verbose", "v", false, "log operation details to stderr")
-	root.AddCommand(a.migrateCmd(), a.statusCmd(), a.deadCmd(), a.redriveCmd(), a.releaseHoldsCmd(), a.replayCmd(), a.pruneCmd(), a.auditCmd())
+	root.AddCommand(a.migrateCmd(), a.statusCmd(), a.deadCmd(), a.redriveCmd(), a.releaseHoldsCmd(), a.replayCmd(), a.pruneCmd(), a.auditCmd(),
+		a.provisionCmd(), a.consumeCmd())
 	return root
 }
 

@@ -5,6 +5,10 @@
 // JSON. Every change is audited in redrive_audit and logged; a payload's actor
 // is recorded as claimed ("claimed:<actor>") beside the Lambda request id.
 //
+// FIFOBOX_TRANSPORT (sns by default) chooses the broker side of status,
+// replay and dlq-redrive: SQS queues from FIFOBOX_QUEUES, or RabbitMQ /
+// NATS through their settings and secret (lambdafn.BrokerEnv).
+//
 // Environment: database as in pkg/db (FIFOBOX_DATABASE_URL, or
 // FIFOBOX_DB_HOST/PORT/NAME/USER + FIFOBOX_DB_IAM_AUTH=true); FIFOBOX_QUEUES =
 // {"<consumer>": {"queue_url": "...", "dlq_url": "...", "subscription_dlq_url":
@@ -16,6 +20,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 
 	"github.com/aws/aws-lambda-go/lambda"
@@ -24,6 +29,7 @@ import (
 	"github.com/fifobox/fifobox/pkg/lambdafn"
 	handler "github.com/fifobox/fifobox/pkg/lambdafn/redrive"
 	"github.com/fifobox/fifobox/pkg/redrive"
+	"github.com/fifobox/fifobox/pkg/transport"
 )
 
 func main() {
@@ -44,11 +50,30 @@ func setup(ctx context.Context, log *slog.Logger) (*handler.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
+	broker, err := lambdafn.BrokerFromEnv()
+	if err != nil {
+		return nil, err
+	}
+	if broker.Kind != transport.SNS && len(queues) > 0 {
+		return nil, fmt.Errorf("FIFOBOX_QUEUES is set, but %s=%s: the broker's operations find its queues themselves; remove it", transport.EnvTransport, broker.Kind)
+	}
 	pool, awsCfg, err := lambdafn.Connect(ctx)
 	if err != nil {
 		return nil, err
 	}
-	svc, err := redrive.New(pool, awsclient.SQS(awsCfg), redrive.Config{Queues: queues, Logger: log})
+	rc := redrive.Config{Queues: queues, Logger: log}
+	var sqsc redrive.SQSAPI // nil interface for brokers: their Operations do the queue work
+	if broker.Kind == transport.SNS {
+		sqsc = awsclient.SQS(awsCfg)
+	} else {
+		if err := broker.Credentials(ctx, lambdafn.SecretsManager(awsCfg)); err != nil {
+			return nil, err
+		}
+		if rc.Broker, _, err = broker.Operations(log); err != nil {
+			return nil, err
+		}
+	}
+	svc, err := redrive.New(pool, sqsc, rc)
 	if err != nil {
 		return nil, err
 	}

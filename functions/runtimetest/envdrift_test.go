@@ -34,10 +34,11 @@ var pendingKeys = map[string]map[string]string{}
 // accepted by the loader, and removing any variable either leaves the
 // function able to start or fails its init with an error naming it.
 func TestTemplateEnvironmentMatchesLoaders(t *testing.T) {
-	for _, variant := range []string{awsTemplates, localTemplates} {
+	for _, v := range variants {
+		variant := v.dir
 		t.Run(filepath.Base(variant), func(t *testing.T) {
 			fns, tpl := functions(t, loadTemplates(t, variant))
-			for _, bin := range sortedKeys(functionSpecs) {
+			for _, bin := range v.functions {
 				found := false
 				for _, f := range fns {
 					found = found || f.Binary == bin

@@ -33,9 +33,12 @@ type function struct {
 
 var functionSpecs = map[string]function{
 	"dispatcher": {
-		env: envspec.Join(dispatcher.Env, db.Env, awsclient.Env, metrics.Env, lambdafn.Env),
+		env: envspec.Join(dispatcher.Env, db.Env, awsclient.Env, metrics.Env, lambdafn.Env, lambdafn.BrokerEnv),
 		load: func() error {
 			if _, err := dispatcher.ConfigFromEnv(); err != nil {
+				return err
+			}
+			if _, err := lambdafn.BrokerFromEnv(); err != nil {
 				return err
 			}
 			_, err := db.FromEnv()
@@ -43,9 +46,12 @@ var functionSpecs = map[string]function{
 		},
 	},
 	"consumer": {
-		env: envspec.Join(consumer.Env, db.Env, awsclient.Env, metrics.Env, lambdafn.Env),
+		env: envspec.Join(consumer.Env, db.Env, awsclient.Env, metrics.Env, lambdafn.Env, lambdafn.BrokerEnv),
 		load: func() error {
 			if _, err := consumer.ConfigFromEnv(); err != nil {
+				return err
+			}
+			if _, err := lambdafn.BrokerFromEnv(); err != nil {
 				return err
 			}
 			_, err := db.FromEnv()
@@ -53,12 +59,15 @@ var functionSpecs = map[string]function{
 		},
 	},
 	"redrive": {
-		env: envspec.Join(lambdaredrive.Env, db.Env, awsclient.Env, lambdafn.Env),
+		env: envspec.Join(lambdaredrive.Env, db.Env, awsclient.Env, lambdafn.Env, lambdafn.BrokerEnv),
 		load: func() error {
 			if _, err := lambdaredrive.ConfigFromEnv(); err != nil {
 				return err
 			}
 			if _, err := redrive.ParseQueues(lambdaredrive.Env.Get("FIFOBOX_QUEUES")); err != nil {
+				return err
+			}
+			if _, err := lambdafn.BrokerFromEnv(); err != nil {
 				return err
 			}
 			_, err := db.FromEnv()
@@ -107,9 +116,23 @@ type templateFunction struct {
 
 // Synthesised templates, written by `make synth` (infra/scripts/synth.sh).
 const (
-	awsTemplates   = "infra/cdk.out"
-	localTemplates = "infra/cdk.out.local"
+	awsTemplates      = "infra/cdk.out"
+	localTemplates    = "infra/cdk.out.local"
+	rabbitmqTemplates = "infra/cdk.out.rabbitmq" // -c transport=rabbitmq (Amazon MQ)
+	natsTemplates     = "infra/cdk.out.nats"     // -c transport=nats
 )
+
+// variants are the synthesised template sets and the functions each must
+// have (NATS has no Lambda event source, so no consumer function).
+var variants = []struct {
+	dir       string
+	functions []string
+}{
+	{awsTemplates, []string{"consumer", "dispatcher", "redrive"}},
+	{localTemplates, []string{"consumer", "dispatcher", "redrive"}},
+	{rabbitmqTemplates, []string{"consumer", "dispatcher", "redrive"}},
+	{natsTemplates, []string{"dispatcher", "redrive"}},
+}
 
 // loadTemplates reads every *.template.json in dir (relative to the
 // repository root). Missing templates skip the test, or fail it with

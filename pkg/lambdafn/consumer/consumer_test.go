@@ -32,12 +32,17 @@ func TestConfigFromEnv(t *testing.T) {
 		{"bad max receive", "c", "d", "FIFOBOX_MAX_RECEIVE_COUNT", map[string]string{"FIFOBOX_MAX_RECEIVE_COUNT": "0"}},
 		{"bad margin", "c", "d", "FIFOBOX_DEADLINE_MARGIN", map[string]string{"FIFOBOX_DEADLINE_MARGIN": "soon"}},
 		{"bad log flag", "c", "d", "FIFOBOX_LOG_AGGREGATE_IDS", map[string]string{"FIFOBOX_LOG_AGGREGATE_IDS": "maybe"}},
+		{"rabbitmq needs no dlq url", "c", "", "", map[string]string{"FIFOBOX_TRANSPORT": "rabbitmq"}},
+		{"rabbitmq refuses a dlq url", "c", "d", "FIFOBOX_DLQ_URL", map[string]string{"FIFOBOX_TRANSPORT": "rabbitmq"}},
+		{"nats has no event source", "c", "", "FIFOBOX_TRANSPORT", map[string]string{"FIFOBOX_TRANSPORT": "nats"}},
+		{"unknown transport", "c", "d", "FIFOBOX_TRANSPORT", map[string]string{"FIFOBOX_TRANSPORT": "kafka"}},
+		{"sns names both", "c", "", "FIFOBOX_TRANSPORT=sns", map[string]string{"FIFOBOX_TRANSPORT": "sns"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Setenv("FIFOBOX_CONSUMER_NAME", tt.consumer)
 			t.Setenv("FIFOBOX_DLQ_URL", tt.dlq)
-			for _, k := range []string{"FIFOBOX_CONSUMER_ORDER", "FIFOBOX_MAX_RECEIVE_COUNT", "FIFOBOX_DEADLINE_MARGIN", "FIFOBOX_LOG_AGGREGATE_IDS"} {
+			for _, k := range []string{"FIFOBOX_CONSUMER_ORDER", "FIFOBOX_MAX_RECEIVE_COUNT", "FIFOBOX_DEADLINE_MARGIN", "FIFOBOX_LOG_AGGREGATE_IDS", "FIFOBOX_TRANSPORT"} {
 				t.Setenv(k, tt.env[k])
 			}
 			_, err := consumer.ConfigFromEnv()

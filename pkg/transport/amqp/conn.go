@@ -7,18 +7,30 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
-	"os"
 	"sync"
 	"time"
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/fifobox/fifobox/pkg/envspec"
 )
 
 // Environment variables read by ConfigFromEnv.
 const (
 	EnvURL      = "FIFOBOX_AMQP_URL"
 	EnvTopology = "FIFOBOX_AMQP_TOPOLOGY"
+	// EnvLogAggregateIDs is read by Transport.Consumer.
+	EnvLogAggregateIDs = "FIFOBOX_LOG_AGGREGATE_IDS"
 )
+
+// Env declares the variables ConfigFromEnv and Transport.Consumer read
+// (pkg/envspec: the Lambdas' runtime contract tests check every read
+// against the deployment).
+var Env = envspec.Set{
+	{Name: EnvURL, Doc: "amqp://user:password@host:5672/vhost, or amqps://host:5671/vhost for Amazon MQ (default " + DefaultURL + ")"},
+	{Name: EnvTopology, Doc: "built-in topology (default, holdco, ticketing, corewrite), a JSON file, or the JSON itself (default: default)"},
+	{Name: EnvLogAggregateIDs, Doc: "true: consumers add aggregate ids to their logs (default false: they may carry personal data)"},
+}
 
 // DefaultURL is the local broker's fifobox vhost (scripts/ensure-rabbitmq.sh creates it).
 const DefaultURL = "amqp://guest:guest@127.0.0.1:5672/fifobox"
@@ -110,11 +122,11 @@ func (c *Config) Validate() error {
 // "ticketing" or "corewrite", or a JSON file; default "default") and
 // validates them. Errors name the variable.
 func ConfigFromEnv() (Config, error) {
-	c := Config{URL: os.Getenv(EnvURL)}
+	c := Config{URL: Env.Get(EnvURL)}
 	if c.URL == "" {
 		c.URL = DefaultURL
 	}
-	t, err := LoadTopology(os.Getenv(EnvTopology))
+	t, err := LoadTopology(Env.Get(EnvTopology))
 	if err != nil {
 		return Config{}, fmt.Errorf("%s: %w", EnvTopology, err)
 	}

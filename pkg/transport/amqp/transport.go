@@ -3,7 +3,6 @@ package amqp
 import (
 	"errors"
 	"fmt"
-	"os"
 
 	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/transport"
@@ -66,7 +65,7 @@ func (t *Transport) Operations() transport.Operations { return t.ops }
 
 // Consumer returns a Runner for the named consumer.
 func (t *Transport) Consumer(name string, db inbox.DB, apply inbox.Apply) (transport.Runner, error) {
-	return NewRunner(t.cfg, db, apply, ConsumerConfig{Consumer: name, LogAggregateIDs: os.Getenv("FIFOBOX_LOG_AGGREGATE_IDS") == "true"})
+	return NewRunner(t.cfg, db, apply, ConsumerConfig{Consumer: name, LogAggregateIDs: Env.Get(EnvLogAggregateIDs) == "true"})
 }
 
 // Close closes the publisher's and operations' connections.

@@ -39,7 +39,7 @@ const DefaultURL = "nats://127.0.0.1:4222"
 // runtime contract tests check every read against the deployment).
 var Env = envspec.Set{
 	{Name: EnvURL, Doc: "NATS server URL(s), comma-separated (default " + DefaultURL + "); tls:// for TLS"},
-	{Name: EnvTopology, Doc: "built-in topology (default, holdco, ticketing, corewrite) or a JSON file (default: default)"},
+	{Name: EnvTopology, Doc: "built-in topology (default, holdco, ticketing, corewrite), a JSON file, or the JSON itself (default: default)"},
 	{Name: EnvStream, Doc: "overrides the topology's stream name"},
 	{Name: EnvSubjectPrefix, Doc: "overrides the topology's subject prefix"},
 	{Name: EnvSubject, Doc: "overrides the topology's subject template, e.g. {aggregate_type}.{event_type}"},
@@ -63,6 +63,9 @@ type Config struct {
 	// User and Password, for servers with user/password auth. They may also
 	// be in the URL; these take precedence.
 	User, Password string
+	// Token, for servers with token auth (the Lambdas read it from their
+	// Secrets Manager secret; there is no variable for it).
+	Token string
 	// ConnectionName prefixes the connection names the server shows
 	// ("<name>/publisher", "<name>/consumer/<consumer>"). Default "fifobox".
 	ConnectionName string
@@ -129,6 +132,8 @@ func (c *Config) Validate() error {
 	switch {
 	case c.CredsFile != "" && (c.User != "" || c.Password != ""):
 		return fmt.Errorf("CredsFile (%s) and User/Password (%s, %s): set one or the other", EnvCredsFile, EnvUser, EnvPassword)
+	case c.Token != "" && (c.CredsFile != "" || c.User != ""):
+		return fmt.Errorf("Token and CredsFile (%s) or User (%s): set one kind of credentials", EnvCredsFile, EnvUser)
 	case (c.User == "") != (c.Password == ""):
 		return fmt.Errorf("User (%s) and Password (%s): set both or neither", EnvUser, EnvPassword)
 	case c.DialTimeout <= 0:
@@ -209,6 +214,9 @@ func (c *Config) dial(role string) (*nats.Conn, error) {
 	}
 	if c.User != "" {
 		opts = append(opts, nats.UserInfo(c.User, c.Password))
+	}
+	if c.Token != "" {
+		opts = append(opts, nats.Token(c.Token))
 	}
 	if c.TLS != nil {
 		opts = append(opts, nats.Secure(c.TLS))

@@ -463,7 +463,8 @@ func ParseTopology(b []byte) (Topology, error) {
 }
 
 // LoadTopology returns a built-in topology by name ("default", "holdco",
-// "ticketing", "corewrite") or reads one from a JSON file.
+// "ticketing", "corewrite"), parses one given as JSON (a value starting
+// with "{"), or reads one from a JSON file.
 func LoadTopology(nameOrPath string) (Topology, error) {
 	var t Topology
 	var err error
@@ -480,6 +481,10 @@ func LoadTopology(nameOrPath string) (Topology, error) {
 	case "corewrite":
 		t = Corewrite()
 	default:
+		if strings.HasPrefix(strings.TrimSpace(nameOrPath), "{") {
+			// The JSON itself: a Lambda has no file to point at.
+			return ParseTopology([]byte(nameOrPath))
+		}
 		b, err := os.ReadFile(nameOrPath)
 		if err != nil {
 			return Topology{}, fmt.Errorf("load nats topology: %w", err)
