@@ -7,7 +7,8 @@
 //
 // FIFOBOX_TRANSPORT (sns by default) chooses the broker side of status,
 // replay and dlq-redrive: SQS queues from FIFOBOX_QUEUES, or RabbitMQ /
-// NATS through their settings and secret (lambdafn.BrokerEnv).
+// NATS through their settings and secret (lambdafn.BrokerEnv), and migrate
+// then also provisions the broker's topology.
 //
 // Environment: database as in pkg/db (FIFOBOX_DATABASE_URL, or
 // FIFOBOX_DB_HOST/PORT/NAME/USER + FIFOBOX_DB_IAM_AUTH=true); FIFOBOX_QUEUES =
@@ -70,6 +71,10 @@ func setup(ctx context.Context, log *slog.Logger) (*handler.Handler, error) {
 			return nil, err
 		}
 		if rc.Broker, _, err = broker.Operations(log); err != nil {
+			return nil, err
+		}
+		// migrate (the deploy trigger) also declares the broker's topology.
+		if rc.Provisioner, err = broker.Provisioner(); err != nil {
 			return nil, err
 		}
 	}

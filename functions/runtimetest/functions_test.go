@@ -287,7 +287,23 @@ func resolve(t template, v any, r resolver) (string, error) {
 			}
 			return strings.Join(out, sep), nil
 		}
-		// A cross-stack reference (the proxy endpoint of the stateful stack).
+		// Fn::Select of Fn::Split: the first of a list attribute that
+		// crossed stacks (the broker's AMQP endpoints).
+		if sel, ok := x["Fn::Select"].([]any); ok && len(sel) == 2 {
+			idx, _ := sel[0].(float64)
+			if sp, ok := sel[1].(map[string]any)["Fn::Split"].([]any); ok && len(sp) == 2 {
+				sep, _ := sp[0].(string)
+				whole, err := resolve(t, sp[1], r)
+				if err != nil {
+					return "", err
+				}
+				if parts := strings.Split(whole, sep); int(idx) < len(parts) {
+					return parts[int(idx)], nil
+				}
+			}
+		}
+		// A cross-stack reference (the stateful stack's proxy endpoint,
+		// broker endpoint, broker secret).
 		for _, k := range []string{"Fn::GetStackOutput", "Fn::ImportValue"} {
 			if o, ok := x[k]; ok {
 				name, _ := o.(map[string]any)["OutputName"].(string)
@@ -306,6 +322,14 @@ func resolve(t template, v any, r resolver) (string, error) {
 // any real resource: what the drift test feeds the loaders.
 func placeholders(t template, id, attr string) (string, error) {
 	if strings.HasPrefix(id, "output:") {
+		switch {
+		case strings.Contains(id, "BrokerAmqpEndpoints"):
+			return "amqps://b-0123abcd.mq.us-east-1.amazonaws.com:5671", nil
+		case strings.Contains(id, "BrokerSecret"):
+			return "arn:aws:secretsmanager:us-east-1:123456789012:secret:BrokerSecret-AbCdEf", nil
+		case strings.Contains(id, "BrokerArn"):
+			return "arn:aws:mq:us-east-1:123456789012:broker:Fifobox-broker:b-0123abcd", nil
+		}
 		return "fifobox-proxy.proxy-abcdefghijkl.us-east-1.rds.amazonaws.com", nil
 	}
 	res, ok := t.Resources[id]

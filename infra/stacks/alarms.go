@@ -32,7 +32,20 @@ const (
 	AlarmQueueAge          = "QueueOldestMessageAge"
 	AlarmDLQMessages       = "DLQMessages"
 	AlarmSubscriptionDLQ   = "SubscriptionDLQMessages"
+	AlarmBrokerQueue       = "BrokerQueueBacklog"
 )
+
+// brokerQueueMetric is an Amazon MQ for RabbitMQ queue metric (AWS/AmazonMQ,
+// dimensions Broker, VirtualHost, Queue), its Maximum over periodMinutes.
+func brokerQueueMetric(cfg Config, p *Pipeline, queue, name string, periodMinutes float64) awscloudwatch.Metric {
+	return awscloudwatch.NewMetric(&awscloudwatch.MetricProps{
+		Namespace: jsii.String("AWS/AmazonMQ"), MetricName: jsii.String(name),
+		DimensionsMap: &map[string]*string{
+			"Broker": p.BrokerName, "VirtualHost": jsii.String(cfg.AMQP.VirtualHost), "Queue": jsii.String(queue),
+		},
+		Statistic: jsii.String("Maximum"), Period: awscdk.Duration_Minutes(jsii.Number(periodMinutes)),
+	})
+}
 
 type alarmSpec struct {
 	name, description string
@@ -154,16 +167,20 @@ func newAlarms(stack awscdk.Stack, cfg Config, p *Pipeline) {
 		{name: AlarmScheduleDLQ, description: "EventBridge Scheduler could not invoke the dispatcher or the daily prune",
 			metric:    p.ScheduleDLQ.MetricApproximateNumberOfMessagesVisible(&awscloudwatch.MetricOptions{Statistic: jsii.String("Maximum"), Period: awscdk.Duration_Minutes(jsii.Number(5))}),
 			threshold: th.ScheduleDLQVisibleMessages, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
-		// The dispatcher marks an event sent once SNS accepts it; what SNS then
-		// fails to deliver to a queue goes to that subscription's DLQ (alarmed
-		// per consumer below). SNS publishes these only when it delivers:
-		// missing = nothing failed.
-		{name: AlarmDeliveryFailed, description: "SNS could not deliver events to a subscribed queue (a disabled key, a changed queue policy, a deleted queue): they are in the subscription DLQs; fix the cause, then `fifobox redrive`",
-			metric:    p.Topic.MetricNumberOfNotificationsFailed(&awscloudwatch.MetricOptions{Statistic: jsii.String("Sum"), Period: awscdk.Duration_Minutes(jsii.Number(5))}),
-			threshold: th.DeliveryFailures, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
-		{name: AlarmDeliveryLost, description: "SNS could neither deliver events nor move them to the subscription DLQ: those events are lost for that consumer; replay them from the outbox (`fifobox replay`) once the DLQ is reachable",
-			metric:    p.Topic.Metric(jsii.String("NumberOfNotificationsFailedToRedriveToDlq"), &awscloudwatch.MetricOptions{Statistic: jsii.String("Sum"), Period: awscdk.Duration_Minutes(jsii.Number(5))}),
-			threshold: th.DeliveryLost, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
+	}
+	if p.Topic != nil {
+		specs = append(specs,
+			// The dispatcher marks an event sent once SNS accepts it; what SNS then
+			// fails to deliver to a queue goes to that subscription's DLQ (alarmed
+			// per consumer below). SNS publishes these only when it delivers:
+			// missing = nothing failed.
+			alarmSpec{name: AlarmDeliveryFailed, description: "SNS could not deliver events to a subscribed queue (a disabled key, a changed queue policy, a deleted queue): they are in the subscription DLQs; fix the cause, then `fifobox redrive`",
+				metric:    p.Topic.MetricNumberOfNotificationsFailed(&awscloudwatch.MetricOptions{Statistic: jsii.String("Sum"), Period: awscdk.Duration_Minutes(jsii.Number(5))}),
+				threshold: th.DeliveryFailures, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
+			alarmSpec{name: AlarmDeliveryLost, description: "SNS could neither deliver events nor move them to the subscription DLQ: those events are lost for that consumer; replay them from the outbox (`fifobox replay`) once the DLQ is reachable",
+				metric:    p.Topic.Metric(jsii.String("NumberOfNotificationsFailedToRedriveToDlq"), &awscloudwatch.MetricOptions{Statistic: jsii.String("Sum"), Period: awscdk.Duration_Minutes(jsii.Number(5))}),
+				threshold: th.DeliveryLost, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
+		)
 	}
 	for _, cr := range p.Consumers {
 		n := cr.Consumer.Name
@@ -193,6 +210,28 @@ func newAlarms(stack awscdk.Stack, cfg Config, p *Pipeline) {
 			alarmSpec{name: AlarmSubscriptionDLQ + "-" + n, description: "Subscription dead-letter queue " + cfg.ResourceName(cr.Consumer.SubscriptionDLQName()) + " holds events SNS could not deliver to " + n + ": fix the cause (key, queue policy), then redrive with `fifobox redrive`",
 				metric:    maximum(cr.SubscriptionDLQ.MetricApproximateNumberOfMessagesVisible, 5),
 				threshold: th.DLQVisibleMessages, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
+		)
+	}
+	for _, bc := range p.BrokerConsumers {
+		n := bc.Name
+		specs = append(specs,
+			alarmSpec{name: AlarmConsumerLag + "-" + n, description: "Consumer " + n + " processed an event later than the threshold after it occurred",
+				metric: consumerMetric(cfg, n, MetricConsumerLagSeconds, "Maximum", 300), threshold: th.ConsumerLagSeconds, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
+			alarmSpec{name: AlarmConsumerFailures + "-" + n, description: "Consumer " + n + " failed records (sent to its retry queues, then dead-lettered)",
+				metric: consumerMetric(cfg, n, MetricFailures, "Sum", 300), threshold: th.ConsumerFailures, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
+			// A failed invocation makes Lambda's RabbitMQ event source
+			// redeliver the whole batch: the inbox drops what was applied,
+			// but a function that keeps failing stops the queue.
+			alarmSpec{name: AlarmConsumerErrors + "-" + n, description: "Consumer function " + n + " failed whole batches (Lambda redelivers them; the queue does not advance while it keeps failing)",
+				metric: bc.Function.MetricErrors(minutes(5)), threshold: th.ConsumerErrors, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
+			alarmSpec{name: AlarmConsumerThrottles + "-" + n, description: "Consumer function " + n + " was throttled (account concurrency exhausted): its queue waits",
+				metric: bc.Function.MetricThrottles(minutes(5)), threshold: th.ConsumerThrottles, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
+			// Amazon MQ reports queue figures every minute; missing data means
+			// the broker is not reporting, which the other alarms cover.
+			alarmSpec{name: AlarmBrokerQueue + "-" + n, description: "RabbitMQ queue " + bc.Queue + " holds more ready messages than the threshold for 5 minutes: consumer " + n + " is not keeping up, or its event source is disabled",
+				metric: brokerQueueMetric(cfg, p, bc.Queue, "MessageReadyCount", 1), threshold: th.BrokerQueueReadyMessages, periods: 5, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
+			alarmSpec{name: AlarmDLQMessages + "-" + n, description: "RabbitMQ dead-letter queue " + bc.DLQ + " holds messages: inspect, then redrive with `fifobox redrive`",
+				metric: brokerQueueMetric(cfg, p, bc.DLQ, "MessageCount", 5), threshold: th.DLQVisibleMessages, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
 		)
 	}
 	action := awscloudwatchactions.NewSnsAction(p.AlarmTopic)

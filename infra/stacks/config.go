@@ -117,6 +117,9 @@ type Thresholds struct {
 	ScheduleDLQVisibleMessages float64
 	// OperationsErrors: Lambda Errors of the operations (redrive) function.
 	OperationsErrors float64
+	// BrokerQueueReadyMessages: ready messages in a consumer's RabbitMQ
+	// queue (Amazon MQ's MessageReadyCount), for 5 minutes in a row.
+	BrokerQueueReadyMessages float64
 }
 
 // DefaultThresholds are the shipped alarm thresholds.
@@ -141,6 +144,7 @@ func DefaultThresholds() Thresholds {
 		ConsumerThrottles:            0,
 		ScheduleDLQVisibleMessages:   0,
 		OperationsErrors:             0,
+		BrokerQueueReadyMessages:     1000,
 	}
 }
 
@@ -152,6 +156,12 @@ type ProxyAttributes struct {
 
 // Config is everything the stacks are parameterised by.
 type Config struct {
+	// Transport is where the dispatcher publishes: TransportSNS (default),
+	// TransportRabbitMQ or TransportNATS, with AMQP or NATS below.
+	Transport string
+	AMQP      AMQPConfig
+	NATS      NATSConfig
+
 	// Prefix names the stacks (<Prefix>-Stateful, ...), alarms, dashboard and
 	// key aliases; any prefix but the default also prefixes the topic and
 	// queue names (see ResourceName), so a second deployment in one account
@@ -237,7 +247,13 @@ var validPrefix = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9-]*$`)
 // DefaultConfig is the configuration `cdk synth` uses without context.
 func DefaultConfig() Config {
 	return Config{
-		Prefix:                        DefaultPrefix,
+		Prefix:    DefaultPrefix,
+		Transport: TransportSNS,
+		AMQP: AMQPConfig{
+			VirtualHost: "/", InstanceType: "mq.m5.large", DeploymentMode: "CLUSTER_MULTI_AZ",
+			EngineVersion: "3.13", Username: "fifobox",
+		},
+		NATS:                          NATSConfig{Port: 4222},
 		Topology:                      topology.Default(),
 		AssetDir:                      "../build/lambda",
 		DatabaseName:                  "fifobox",
@@ -266,8 +282,14 @@ func (c Config) Validate() error {
 	if !validPrefix.MatchString(c.Prefix) {
 		return fmt.Errorf("prefix %q: must start with a letter and hold only letters, digits and hyphens", c.Prefix)
 	}
+	if err := c.validateTransport(); err != nil {
+		return err
+	}
 	// SQS caps queue names at 80 characters (".fifo" included).
 	for _, cons := range c.Topology.Consumers {
+		if c.Transport != TransportSNS {
+			break
+		}
 		for _, q := range []string{cons.QueueName(), cons.DLQName(), cons.SubscriptionDLQName()} {
 			if n := c.ResourceName(q); len(n) > 80 {
 				return fmt.Errorf("prefix %q: queue name %s is %d characters, SQS allows 80", c.Prefix, n, len(n))
@@ -308,7 +330,12 @@ const DLQRetentionDays = 14
 // databaseUrl, alarmEmail, vpcId, subnetGroupName, createEndpoints,
 // outboxRetention, inboxRetention,
 // dbProxyArn/dbProxyName/dbProxyEndpoint/dbProxySecurityGroupId,
-// dispatcherReservedConcurrency, minCapacity, maxCapacity.
+// dispatcherReservedConcurrency, minCapacity, maxCapacity; transport
+// (sns, rabbitmq, nats) with amqpTopology, amqpVirtualHost,
+// amqpBrokerArn/amqpEndpoint/amqpSecretArn/amqpSecurityGroupId (an existing
+// broker), amqpInstanceType, amqpDeploymentMode, amqpEngineVersion,
+// amqpUsername (a new one), and natsTopology, natsUrl, natsSecretArn,
+// natsCidr, natsPort.
 func FromContext(node constructs.Node, cfg Config) (Config, error) {
 	str := func(key string, dst *string) {
 		if v := node.TryGetContext(&key); v != nil {
@@ -337,6 +364,22 @@ func FromContext(node constructs.Node, cfg Config) (Config, error) {
 	str("subnetGroupName", &cfg.SubnetGroupName)
 	str("outboxRetention", &cfg.OutboxRetention)
 	str("inboxRetention", &cfg.InboxRetention)
+	str("transport", &cfg.Transport)
+	cfg.Transport = strings.ToLower(cfg.Transport)
+	for key, dst := range map[string]*string{
+		"amqpTopology": &cfg.AMQP.TopologyFile, "amqpVirtualHost": &cfg.AMQP.VirtualHost,
+		"amqpBrokerArn": &cfg.AMQP.BrokerArn, "amqpEndpoint": &cfg.AMQP.Endpoint,
+		"amqpSecretArn": &cfg.AMQP.SecretArn, "amqpSecurityGroupId": &cfg.AMQP.SecurityGroupID,
+		"amqpInstanceType": &cfg.AMQP.InstanceType, "amqpDeploymentMode": &cfg.AMQP.DeploymentMode,
+		"amqpEngineVersion": &cfg.AMQP.EngineVersion, "amqpUsername": &cfg.AMQP.Username,
+		"natsTopology": &cfg.NATS.TopologyFile, "natsUrl": &cfg.NATS.URL,
+		"natsSecretArn": &cfg.NATS.SecretArn, "natsCidr": &cfg.NATS.CIDR,
+	} {
+		str(key, dst)
+	}
+	if err := num("natsPort", &cfg.NATS.Port); err != nil {
+		return cfg, err
+	}
 	var endpoints string
 	str("createEndpoints", &endpoints)
 	if endpoints != "" {

@@ -50,9 +50,7 @@ func newDashboard(stack awscdk.Stack, cfg Config, p *Pipeline) {
 				p.Dispatcher.MetricInvocations(minutes(5)), p.Dispatcher.MetricErrors(minutes(5)), p.Dispatcher.MetricThrottles(minutes(5))}, nil),
 			graph("Dispatcher duration (ms)", 6, []awscloudwatch.IMetric{p.Dispatcher.MetricDuration(&awscloudwatch.MetricOptions{Statistic: jsii.String("Maximum")})}, nil),
 			graph("Schedule DLQ (undelivered ticks)", 6, []awscloudwatch.IMetric{p.ScheduleDLQ.MetricApproximateNumberOfMessagesVisible(nil)}, nil),
-			graph("SNS deliveries failed / lost (not redriven to a DLQ)", 6, []awscloudwatch.IMetric{
-				p.Topic.MetricNumberOfNotificationsFailed(minutes(5)),
-				p.Topic.Metric(jsii.String("NumberOfNotificationsFailedToRedriveToDlq"), minutes(5))}, nil),
+			deliveryWidget(p),
 		),
 	}
 	for _, cr := range p.Consumers {
@@ -69,9 +67,32 @@ func newDashboard(stack awscdk.Stack, cfg Config, p *Pipeline) {
 				cr.SubscriptionDLQ.MetricApproximateNumberOfMessagesVisible(&awscloudwatch.MetricOptions{Statistic: jsii.String("Maximum")})}, jsii.Number(th.DLQVisibleMessages)),
 		))
 	}
+	for _, bc := range p.BrokerConsumers {
+		n := bc.Name
+		widgets = append(widgets, row(
+			graph(n+": lag (s)", 6, []awscloudwatch.IMetric{consumerMetric(cfg, n, MetricConsumerLagSeconds, "Maximum", 60)}, jsii.Number(th.ConsumerLagSeconds)),
+			graph(n+": processed / duplicates / failures / errors / throttles", 6, []awscloudwatch.IMetric{
+				consumerMetric(cfg, n, MetricProcessed, "Sum", 60), consumerMetric(cfg, n, MetricDuplicates, "Sum", 60),
+				consumerMetric(cfg, n, MetricFailures, "Sum", 60), bc.Function.MetricErrors(minutes(1)), bc.Function.MetricThrottles(minutes(1))}, nil),
+			graph(n+": queue ready / unacknowledged", 6, []awscloudwatch.IMetric{
+				brokerQueueMetric(cfg, p, bc.Queue, "MessageReadyCount", 1), brokerQueueMetric(cfg, p, bc.Queue, "MessageUnacknowledgedCount", 1)}, jsii.Number(th.BrokerQueueReadyMessages)),
+			graph(n+": DLQ messages", 6, []awscloudwatch.IMetric{brokerQueueMetric(cfg, p, bc.DLQ, "MessageCount", 1)}, jsii.Number(th.DLQVisibleMessages)),
+		))
+	}
 	p.Dashboard = awscloudwatch.NewDashboard(stack, jsii.String("Dashboard"), &awscloudwatch.DashboardProps{
 		DashboardName:   jsii.String(cfg.Prefix),
 		DefaultInterval: awscdk.Duration_Hours(jsii.Number(3)),
 		Widgets:         &widgets,
 	})
+}
+
+// deliveryWidget shows SNS's failed deliveries (SNS transport); with a
+// broker, the dispatcher's retries stand for its delivery failures.
+func deliveryWidget(p *Pipeline) awscloudwatch.IWidget {
+	if p.Topic == nil {
+		return graph("Operations function errors", 6, []awscloudwatch.IMetric{p.Redrive.MetricErrors(minutes(5))}, nil)
+	}
+	return graph("SNS deliveries failed / lost (not redriven to a DLQ)", 6, []awscloudwatch.IMetric{
+		p.Topic.MetricNumberOfNotificationsFailed(minutes(5)),
+		p.Topic.Metric(jsii.String("NumberOfNotificationsFailedToRedriveToDlq"), minutes(5))}, nil)
 }

@@ -1410,6 +1410,11 @@ func TestControlTowerGuardRules(t *testing.T) {
 	bin, rules := cfnGuard(t)
 	s := awsStacks(t)
 	tpls := map[string]template{"Fifobox-Stateful": s.stateful, "Fifobox-Stateless": s.stateless, "Fifobox-Local": localStack(t)}
+	for variant := range brokerSynths {
+		b := brokerStacks(t, variant)
+		tpls[variant+"-Fifobox-Stateful"] = b.stateful
+		tpls[variant+"-Fifobox-Stateless"] = b.stateless
+	}
 	dir := t.TempDir()
 	args := []string{"validate", "-r", rules, "--structured", "-S", "none", "-o", "json"}
 	for name, tpl := range tpls {

@@ -28,6 +28,8 @@ type StatefulStack struct {
 	Proxy awsrds.IDatabaseProxy
 	// Cluster is nil when an existing proxy is used.
 	Cluster awsrds.DatabaseCluster
+	// Broker is the RabbitMQ broker (transport rabbitmq only).
+	Broker *AMQPBroker
 }
 
 // NewStatefulStack creates (or imports) the VPC, and creates Aurora
@@ -74,7 +76,8 @@ func NewStatefulStack(scope constructs.Construct, id string, props *awscdk.Stack
 	}
 
 	// Endpoints the code in the VPC calls: SNS (dispatcher Publish), SQS
-	// (consumer DLQ sends, redrive), Secrets Manager (the rotation function).
+	// (consumer DLQ sends, redrive), Secrets Manager (the rotation function,
+	// broker credentials).
 	// Not needed: CloudWatch Logs (Lambda ships logs itself, EMF included),
 	// STS (the execution role's credentials come with the invocation), RDS
 	// (IAM auth tokens are signed locally), KMS (SNS/SQS call it server side).
@@ -85,31 +88,54 @@ func NewStatefulStack(scope constructs.Construct, id string, props *awscdk.Stack
 	})
 	s.FunctionSG = fnSG
 
-	var smEndpoint awsec2.IInterfaceVpcEndpoint
-	if cfg.CreateEndpoints {
-		for _, e := range []struct {
-			id  string
-			svc awsec2.InterfaceVpcEndpointAwsService
-		}{
+	// Which endpoints: SNS and SQS for the SNS transport; Lambda for
+	// RabbitMQ (Amazon MQ event source pollers call it from the broker's
+	// subnets); Secrets Manager always (rotation, broker credentials).
+	type endpoint struct {
+		id  string
+		svc awsec2.InterfaceVpcEndpointAwsService
+	}
+	wanted := []endpoint{{"SecretsManagerEndpoint", awsec2.InterfaceVpcEndpointAwsService_SECRETS_MANAGER()}}
+	switch cfg.Transport {
+	case TransportSNS:
+		wanted = append([]endpoint{
 			{"SnsEndpoint", awsec2.InterfaceVpcEndpointAwsService_SNS()},
 			{"SqsEndpoint", awsec2.InterfaceVpcEndpointAwsService_SQS()},
-			{"SecretsManagerEndpoint", awsec2.InterfaceVpcEndpointAwsService_SECRETS_MANAGER()},
-		} {
+		}, wanted...)
+	case TransportRabbitMQ:
+		wanted = append(wanted, endpoint{"LambdaEndpoint", awsec2.InterfaceVpcEndpointAwsService_LAMBDA()})
+	}
+	var smEndpoint awsec2.IInterfaceVpcEndpoint
+	var brokerEndpoints []awsec2.IInterfaceVpcEndpoint
+	if cfg.CreateEndpoints {
+		for _, e := range wanted {
 			// Open=false: only the functions (and, for Secrets Manager, the
 			// rotation function, which CDK allows itself) may use the endpoint,
 			// not everything in the VPC's CIDR.
 			ep := awsec2.NewInterfaceVpcEndpoint(stack, jsii.String(e.id), &awsec2.InterfaceVpcEndpointProps{
 				Vpc: s.Vpc, Service: e.svc, Subnets: s.Subnets, PrivateDnsEnabled: jsii.Bool(true), Open: jsii.Bool(false),
 			})
-			ep.Connections().AllowDefaultPortFrom(fnSG, jsii.String("fifobox functions to "+e.id))
-			if e.id == "SecretsManagerEndpoint" {
+			if e.id != "LambdaEndpoint" { // the functions themselves never call Lambda
+				ep.Connections().AllowDefaultPortFrom(fnSG, jsii.String("fifobox functions to "+e.id))
+			}
+			switch e.id {
+			case "SecretsManagerEndpoint":
 				smEndpoint = ep
+				brokerEndpoints = append(brokerEndpoints, ep)
+			case "LambdaEndpoint":
+				brokerEndpoints = append(brokerEndpoints, ep)
 			}
 		}
 	} else {
 		// The VPC's own endpoints: allow HTTPS to the VPC's range.
 		fnSG.AddEgressRule(awsec2.Peer_Ipv4(s.Vpc.VpcCidrBlock()), awsec2.Port_Tcp(jsii.Number(443)),
 			jsii.String("HTTPS to the VPC interface endpoints"), nil)
+	}
+	switch cfg.Transport {
+	case TransportRabbitMQ:
+		s.Broker = newAMQPBroker(stack, s, cfg, brokerEndpoints)
+	case TransportNATS:
+		allowNATS(s, cfg)
 	}
 
 	var proxySG awsec2.ISecurityGroup

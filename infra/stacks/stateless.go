@@ -37,6 +37,8 @@ type Network struct {
 	// its functions then log in as their own users (FunctionDBUsers) and the
 	// migration function as the master user, straight to the cluster.
 	Cluster awsrds.DatabaseCluster
+	// Broker is the RabbitMQ broker (transport rabbitmq).
+	Broker *AMQPBroker
 }
 
 // ConsumerResources are one topology consumer's queue, DLQs and function.
@@ -54,18 +56,32 @@ type ConsumerResources struct {
 	Function        awslambda.Function
 }
 
+// BrokerConsumer is one RabbitMQ consumer: its function on the broker's
+// event source, reading Queue (the topology's names: the broker holds the
+// queues, provisioned by the deploy trigger's migrate).
+type BrokerConsumer struct {
+	Name, Queue, DLQ string
+	Function         awslambda.Function
+	EventSource      awslambda.CfnEventSourceMapping
+}
+
 // Pipeline is the messaging layer and its functions, alarms and dashboard.
 type Pipeline struct {
 	TopicKey awskms.Key
 	QueueKey awskms.Key
 	// LogsKey encrypts the functions' log groups.
-	LogsKey     awskms.Key
-	Topic       awssns.Topic
-	Consumers   []*ConsumerResources
-	Dispatcher  awslambda.Function
-	Redrive     awslambda.Function
-	ScheduleDLQ awssqs.Queue
-	Schedule    awsscheduler.Schedule
+	LogsKey awskms.Key
+	// Topic and Consumers: the SNS transport only.
+	Topic     awssns.Topic
+	Consumers []*ConsumerResources
+	// BrokerConsumers and BrokerName (its metrics' Broker dimension): the
+	// RabbitMQ transport only.
+	BrokerConsumers []*BrokerConsumer
+	BrokerName      *string
+	Dispatcher      awslambda.Function
+	Redrive         awslambda.Function
+	ScheduleDLQ     awssqs.Queue
+	Schedule        awsscheduler.Schedule
 	// RetentionSchedule invokes the redrive function's prune daily.
 	RetentionSchedule awsscheduler.Schedule
 	Migrate           triggers.Trigger
@@ -114,21 +130,6 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 	denyGrantsToNonServices(p.TopicKey)
 	denyGrantsToNonServices(p.QueueKey)
 
-	scope := awssns.FifoThroughputScope_TOPIC
-	if top.Topic.ThroughputScope == "MessageGroup" {
-		scope = awssns.FifoThroughputScope_MESSAGE_GROUP
-	}
-	p.Topic = awssns.NewTopic(stack, jsii.String("Topic"), &awssns.TopicProps{
-		TopicName: jsii.String(cfg.ResourceName(top.Topic.Name)),
-		Fifo:      jsii.Bool(true),
-		// The dispatcher sets MessageDeduplicationId = event id: dedup by content
-		// would drop two distinct events with equal bodies.
-		ContentBasedDeduplication: jsii.Bool(false),
-		FifoThroughputScope:       scope,
-		MasterKey:                 p.TopicKey,
-		EnforceSSL:                jsii.Bool(true),
-	})
-
 	// Each function's environment is what its loaders declare
 	// (pkg/lambdafn/*.Env, pkg/db.Env, pkg/metrics.Env): the runtime contract
 	// tests (functions/runtimetest) fail on a variable set here that nothing
@@ -155,105 +156,136 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 		}))
 	}
 
-	// Consumers: FIFO queue + FIFO DLQ + subscription + function.
-	highThroughput := top.Topic.ThroughputScope == "MessageGroup"
-	for _, c := range top.Consumers {
-		cr := &ConsumerResources{Consumer: c}
-		cr.DLQ = awssqs.NewQueue(stack, jsii.String("DLQ-"+c.Name), &awssqs.QueueProps{
-			QueueName:           jsii.String(cfg.ResourceName(c.DLQName())),
-			Fifo:                jsii.Bool(true),
-			Encryption:          awssqs.QueueEncryption_KMS,
-			EncryptionMasterKey: p.QueueKey,
-			EnforceSSL:          jsii.Bool(true),
-			RetentionPeriod:     awscdk.Duration_Days(jsii.Number(DLQRetentionDays)),
-		})
-		qp := &awssqs.QueueProps{
-			QueueName:                 jsii.String(cfg.ResourceName(c.QueueName())),
-			Fifo:                      jsii.Bool(true),
-			ContentBasedDeduplication: jsii.Bool(false),
-			VisibilityTimeout:         awscdk.Duration_Seconds(jsii.Number(float64(c.VisibilityTimeoutSeconds))),
-			DeadLetterQueue:           &awssqs.DeadLetterQueue{Queue: cr.DLQ, MaxReceiveCount: jsii.Number(float64(c.MaxReceiveCount))},
-			Encryption:                awssqs.QueueEncryption_KMS,
-			EncryptionMasterKey:       p.QueueKey,
-			EnforceSSL:                jsii.Bool(true),
-			RetentionPeriod:           awscdk.Duration_Days(jsii.Number(4)),
+	sns := cfg.Transport == TransportSNS
+	if sns {
+		scope := awssns.FifoThroughputScope_TOPIC
+		if top.Topic.ThroughputScope == "MessageGroup" {
+			scope = awssns.FifoThroughputScope_MESSAGE_GROUP
 		}
-		if highThroughput {
-			qp.DeduplicationScope = awssqs.DeduplicationScope_MESSAGE_GROUP
-			qp.FifoThroughputLimit = awssqs.FifoThroughputLimit_PER_MESSAGE_GROUP_ID
-		}
-		cr.Queue = awssqs.NewQueue(stack, jsii.String("Queue-"+c.Name), qp)
-
-		// SNS requires a FIFO topic's subscription DLQ to be a FIFO queue in
-		// the same account and region. The subscription adds the queue policy
-		// letting this topic's SNS send to it (aws:SourceArn = the topic); the
-		// queue key already lets SNS use it on behalf of this topic (the
-		// restrictSqsDescryption flag's statement), as for the consumer queue.
-		cr.SubscriptionDLQ = awssqs.NewQueue(stack, jsii.String("SubscriptionDLQ-"+c.Name), &awssqs.QueueProps{
-			QueueName:                 jsii.String(cfg.ResourceName(c.SubscriptionDLQName())),
-			Fifo:                      jsii.Bool(true),
+		p.Topic = awssns.NewTopic(stack, jsii.String("Topic"), &awssns.TopicProps{
+			TopicName: jsii.String(cfg.ResourceName(top.Topic.Name)),
+			Fifo:      jsii.Bool(true),
+			// The dispatcher sets MessageDeduplicationId = event id: dedup by content
+			// would drop two distinct events with equal bodies.
 			ContentBasedDeduplication: jsii.Bool(false),
-			Encryption:                awssqs.QueueEncryption_KMS,
-			EncryptionMasterKey:       p.QueueKey,
+			FifoThroughputScope:       scope,
+			MasterKey:                 p.TopicKey,
 			EnforceSSL:                jsii.Bool(true),
-			RetentionPeriod:           awscdk.Duration_Days(jsii.Number(DLQRetentionDays)),
 		})
-		cdknag.NagSuppressions_AddResourceSuppressions(cr.SubscriptionDLQ, &[]*cdknag.NagPackSuppression{{
-			Id:     jsii.String("AwsSolutions-SQS3"),
-			Reason: jsii.String("This queue is the dead-letter queue of the consumer's SNS subscription (its RedrivePolicy), which cdk-nag does not recognise as a DLQ; it is alarmed on."),
-		}}, nil)
-		suppressGuard(cr.SubscriptionDLQ, "sqs_dlq_check", "This queue is the dead-letter queue of an SNS subscription; a dead-letter queue of a dead-letter queue would only move its messages again. It is alarmed on and drained with `fifobox redrive`.")
-		suppressGuard(cr.DLQ, "sqs_dlq_check", "This queue is the consumer queue's dead-letter queue; a dead-letter queue of a dead-letter queue would only move its messages again. It is alarmed on and drained with `fifobox redrive`.")
 
-		// Filter on message attributes (the default scope), exactly the policy
-		// topology.Consumer.FilterPolicy() describes.
-		var filter *map[string]awssns.SubscriptionFilter
-		if len(c.Filter) > 0 {
-			m := map[string]awssns.SubscriptionFilter{}
-			for attr, values := range c.Filter {
-				m[attr] = awssns.SubscriptionFilter_StringFilter(&awssns.StringConditions{Allowlist: jsii.Strings(values...)})
+		// Consumers: FIFO queue + FIFO DLQ + subscription + function.
+		highThroughput := top.Topic.ThroughputScope == "MessageGroup"
+		for _, c := range top.Consumers {
+			cr := &ConsumerResources{Consumer: c}
+			cr.DLQ = awssqs.NewQueue(stack, jsii.String("DLQ-"+c.Name), &awssqs.QueueProps{
+				QueueName:           jsii.String(cfg.ResourceName(c.DLQName())),
+				Fifo:                jsii.Bool(true),
+				Encryption:          awssqs.QueueEncryption_KMS,
+				EncryptionMasterKey: p.QueueKey,
+				EnforceSSL:          jsii.Bool(true),
+				RetentionPeriod:     awscdk.Duration_Days(jsii.Number(DLQRetentionDays)),
+			})
+			qp := &awssqs.QueueProps{
+				QueueName:                 jsii.String(cfg.ResourceName(c.QueueName())),
+				Fifo:                      jsii.Bool(true),
+				ContentBasedDeduplication: jsii.Bool(false),
+				VisibilityTimeout:         awscdk.Duration_Seconds(jsii.Number(float64(c.VisibilityTimeoutSeconds))),
+				DeadLetterQueue:           &awssqs.DeadLetterQueue{Queue: cr.DLQ, MaxReceiveCount: jsii.Number(float64(c.MaxReceiveCount))},
+				Encryption:                awssqs.QueueEncryption_KMS,
+				EncryptionMasterKey:       p.QueueKey,
+				EnforceSSL:                jsii.Bool(true),
+				RetentionPeriod:           awscdk.Duration_Days(jsii.Number(4)),
 			}
-			filter = &m
-		}
-		p.Topic.AddSubscription(awssnssubscriptions.NewSqsSubscription(cr.Queue, &awssnssubscriptions.SqsSubscriptionProps{
-			RawMessageDelivery: jsii.Bool(true),
-			FilterPolicy:       filter,
-			DeadLetterQueue:    cr.SubscriptionDLQ,
-		}))
+			if highThroughput {
+				qp.DeduplicationScope = awssqs.DeduplicationScope_MESSAGE_GROUP
+				qp.FifoThroughputLimit = awssqs.FifoThroughputLimit_PER_MESSAGE_GROUP_ID
+			}
+			cr.Queue = awssqs.NewQueue(stack, jsii.String("Queue-"+c.Name), qp)
 
-		fn, role := newFunction(stack, cfg, net, "Consumer-"+c.Name, FnConsumer, functionOptions{
-			description: "fifobox consumer " + c.Name,
-			logsKey:     p.LogsKey,
-			timeout:     float64(c.FunctionTimeoutSeconds),
-			memoryMB:    cfg.ConsumerMemoryMB,
-			env: common(FnConsumer, map[string]*string{
-				"FIFOBOX_CONSUMER_NAME":     jsii.String(c.Name),
-				"FIFOBOX_DLQ_URL":           cr.DLQ.QueueUrl(),
-				"FIFOBOX_METRICS_NAMESPACE": metricsNamespace,
-			}),
-		})
-		grantDB(cfg, net, FnConsumer, role)
-		keyUse(role, p.QueueKey)
-		// Poison and permanently failing records go to the DLQ directly.
-		role.AddToPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
-			Actions: jsii.Strings("sqs:SendMessage"), Resources: jsii.Strings(*cr.DLQ.QueueArn()),
-		}))
-		// FIFO: batch size at most 10 and no batching window. The function
-		// returns the failed record and every later one (ReportBatchItemFailures).
-		// The mapping grants receive/delete/change-visibility on the queue.
-		fn.AddEventSource(awslambdaeventsources.NewSqsEventSource(cr.Queue, &awslambdaeventsources.SqsEventSourceProps{
-			BatchSize:               jsii.Number(10),
-			ReportBatchItemFailures: jsii.Bool(true),
-			MaxConcurrency:          jsii.Number(float64(c.MaxConcurrency)),
-		}))
-		cr.Function = fn
-		p.Consumers = append(p.Consumers, cr)
+			// SNS requires a FIFO topic's subscription DLQ to be a FIFO queue in
+			// the same account and region. The subscription adds the queue policy
+			// letting this topic's SNS send to it (aws:SourceArn = the topic); the
+			// queue key already lets SNS use it on behalf of this topic (the
+			// restrictSqsDescryption flag's statement), as for the consumer queue.
+			cr.SubscriptionDLQ = awssqs.NewQueue(stack, jsii.String("SubscriptionDLQ-"+c.Name), &awssqs.QueueProps{
+				QueueName:                 jsii.String(cfg.ResourceName(c.SubscriptionDLQName())),
+				Fifo:                      jsii.Bool(true),
+				ContentBasedDeduplication: jsii.Bool(false),
+				Encryption:                awssqs.QueueEncryption_KMS,
+				EncryptionMasterKey:       p.QueueKey,
+				EnforceSSL:                jsii.Bool(true),
+				RetentionPeriod:           awscdk.Duration_Days(jsii.Number(DLQRetentionDays)),
+			})
+			cdknag.NagSuppressions_AddResourceSuppressions(cr.SubscriptionDLQ, &[]*cdknag.NagPackSuppression{{
+				Id:     jsii.String("AwsSolutions-SQS3"),
+				Reason: jsii.String("This queue is the dead-letter queue of the consumer's SNS subscription (its RedrivePolicy), which cdk-nag does not recognise as a DLQ; it is alarmed on."),
+			}}, nil)
+			suppressGuard(cr.SubscriptionDLQ, "sqs_dlq_check", "This queue is the dead-letter queue of an SNS subscription; a dead-letter queue of a dead-letter queue would only move its messages again. It is alarmed on and drained with `fifobox redrive`.")
+			suppressGuard(cr.DLQ, "sqs_dlq_check", "This queue is the consumer queue's dead-letter queue; a dead-letter queue of a dead-letter queue would only move its messages again. It is alarmed on and drained with `fifobox redrive`.")
+
+			// Filter on message attributes (the default scope), exactly the policy
+			// topology.Consumer.FilterPolicy() describes.
+			var filter *map[string]awssns.SubscriptionFilter
+			if len(c.Filter) > 0 {
+				m := map[string]awssns.SubscriptionFilter{}
+				for attr, values := range c.Filter {
+					m[attr] = awssns.SubscriptionFilter_StringFilter(&awssns.StringConditions{Allowlist: jsii.Strings(values...)})
+				}
+				filter = &m
+			}
+			p.Topic.AddSubscription(awssnssubscriptions.NewSqsSubscription(cr.Queue, &awssnssubscriptions.SqsSubscriptionProps{
+				RawMessageDelivery: jsii.Bool(true),
+				FilterPolicy:       filter,
+				DeadLetterQueue:    cr.SubscriptionDLQ,
+			}))
+
+			fn, role := newFunction(stack, cfg, net, "Consumer-"+c.Name, FnConsumer, functionOptions{
+				description: "fifobox consumer " + c.Name,
+				logsKey:     p.LogsKey,
+				timeout:     float64(c.FunctionTimeoutSeconds),
+				memoryMB:    cfg.ConsumerMemoryMB,
+				env: common(FnConsumer, map[string]*string{
+					"FIFOBOX_CONSUMER_NAME":     jsii.String(c.Name),
+					"FIFOBOX_DLQ_URL":           cr.DLQ.QueueUrl(),
+					"FIFOBOX_METRICS_NAMESPACE": metricsNamespace,
+				}),
+			})
+			grantDB(cfg, net, FnConsumer, role)
+			keyUse(role, p.QueueKey)
+			// Poison and permanently failing records go to the DLQ directly.
+			role.AddToPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+				Actions: jsii.Strings("sqs:SendMessage"), Resources: jsii.Strings(*cr.DLQ.QueueArn()),
+			}))
+			// FIFO: batch size at most 10 and no batching window. The function
+			// returns the failed record and every later one (ReportBatchItemFailures).
+			// The mapping grants receive/delete/change-visibility on the queue.
+			fn.AddEventSource(awslambdaeventsources.NewSqsEventSource(cr.Queue, &awslambdaeventsources.SqsEventSourceProps{
+				BatchSize:               jsii.Number(10),
+				ReportBatchItemFailures: jsii.Bool(true),
+				MaxConcurrency:          jsii.Number(float64(c.MaxConcurrency)),
+			}))
+			cr.Function = fn
+			p.Consumers = append(p.Consumers, cr)
+		}
+
+	}
+	brokerEnv, grantBroker := brokerAccess(stack, cfg, net)
+	if cfg.Transport == TransportRabbitMQ {
+		p.BrokerName = net.Broker.Name
+		newBrokerConsumers(stack, cfg, net, p, common, brokerEnv, grantBroker)
 	}
 
 	// Dispatcher: polls the outbox inside each invocation until shortly before
 	// its deadline, so a once-a-minute schedule still publishes continuously.
+	dispatcherEnv := map[string]*string{"FIFOBOX_METRICS_NAMESPACE": metricsNamespace}
+	if sns {
+		dispatcherEnv["FIFOBOX_TOPIC_ARN"] = p.Topic.TopicArn()
+	}
+	for k, v := range brokerEnv {
+		dispatcherEnv[k] = v
+	}
 	dispatcher, drole := newFunction(stack, cfg, net, "Dispatcher", FnDispatcher, functionOptions{
-		description: "fifobox dispatcher: outbox -> SNS FIFO",
+		description: "fifobox dispatcher: outbox -> " + transportName(cfg),
 		logsKey:     p.LogsKey,
 		timeout:     cfg.DispatcherTimeoutSeconds,
 		memoryMB:    cfg.DispatcherMemoryMB,
@@ -261,13 +293,17 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 		// The schedule invokes asynchronously; the next tick is the retry, so
 		// Lambda's own async retries would only stack invocations up.
 		asyncRetries: true,
-		env:          common(FnDispatcher, map[string]*string{"FIFOBOX_TOPIC_ARN": p.Topic.TopicArn(), "FIFOBOX_METRICS_NAMESPACE": metricsNamespace}),
+		env:          common(FnDispatcher, dispatcherEnv),
 	})
 	grantDB(cfg, net, FnDispatcher, drole)
-	keyUse(drole, p.TopicKey)
-	drole.AddToPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
-		Actions: jsii.Strings("sns:Publish"), Resources: jsii.Strings(*p.Topic.TopicArn()),
-	}))
+	if sns {
+		keyUse(drole, p.TopicKey)
+		drole.AddToPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Actions: jsii.Strings("sns:Publish"), Resources: jsii.Strings(*p.Topic.TopicArn()),
+		}))
+	} else {
+		grantBroker(drole)
+	}
 	p.Dispatcher = dispatcher
 
 	// Redrive / operations function. Where fifobox created the database, a
@@ -286,18 +322,25 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 	if ownUsers(net) {
 		opsDefault = "status"
 	}
+	redriveEnv := map[string]*string{"FIFOBOX_DEFAULT_OPERATION": jsii.String(opsDefault)}
+	if sns {
+		redriveEnv["FIFOBOX_QUEUES"] = stack.ToJsonString(queues, nil)
+	}
+	for k, v := range brokerEnv {
+		redriveEnv[k] = v
+	}
 	redrive, rrole := newFunction(stack, cfg, net, "Redrive", FnRedrive, functionOptions{
 		description: "fifobox operations: migrate, status, dead-list, requeue-dead, replay, dlq-redrive, prune",
 		logsKey:     p.LogsKey,
 		timeout:     cfg.RedriveTimeoutSeconds,
 		memoryMB:    256,
-		env: common(FnRedrive, map[string]*string{
-			"FIFOBOX_QUEUES":            stack.ToJsonString(queues, nil),
-			"FIFOBOX_DEFAULT_OPERATION": jsii.String(opsDefault),
-		}),
+		env:         common(FnRedrive, redriveEnv),
 	})
 	grantDB(cfg, net, FnRedrive, rrole)
-	keyUse(rrole, p.QueueKey)
+	grantBroker(rrole)
+	if sns {
+		keyUse(rrole, p.QueueKey)
+	}
 	// Redrive moves messages from both DLQs of a consumer (the consumer's
 	// and its subscription's) back to the consumer's queue.
 	var queueArns, dlqArns []*string
@@ -305,16 +348,18 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 		queueArns = append(queueArns, cr.Queue.QueueArn())
 		dlqArns = append(dlqArns, cr.DLQ.QueueArn(), cr.SubscriptionDLQ.QueueArn())
 	}
-	rrole.AddToPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
-		Sid:       jsii.String("ReplayAndRedriveIntoQueues"),
-		Actions:   jsii.Strings("sqs:SendMessage", "sqs:GetQueueAttributes"),
-		Resources: &queueArns,
-	}))
-	rrole.AddToPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
-		Sid:       jsii.String("DrainDeadLetterQueues"),
-		Actions:   jsii.Strings("sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueAttributes"),
-		Resources: &dlqArns,
-	}))
+	if sns {
+		rrole.AddToPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Sid:       jsii.String("ReplayAndRedriveIntoQueues"),
+			Actions:   jsii.Strings("sqs:SendMessage", "sqs:GetQueueAttributes"),
+			Resources: &queueArns,
+		}))
+		rrole.AddToPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Sid:       jsii.String("DrainDeadLetterQueues"),
+			Actions:   jsii.Strings("sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueAttributes"),
+			Resources: &dlqArns,
+		}))
+	}
 	p.Redrive = redrive
 
 	// Apply migrations on every deploy that changes the redrive function, and
@@ -325,7 +370,7 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 	}
 	migrator := redrive
 	if ownUsers(net) {
-		migrator = newMigrationFunction(stack, cfg, net, p)
+		migrator = newMigrationFunction(stack, cfg, net, p, brokerEnv, grantBroker)
 	}
 	p.Migrate = triggers.NewTrigger(stack, jsii.String("Migrate"), &triggers.TriggerProps{
 		Handler:                migrator,
@@ -363,6 +408,10 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 		}),
 	})
 	p.Schedule.Node().AddDependency(p.Migrate)
+	// The broker's event sources start once migrate has declared their queues.
+	for _, bc := range p.BrokerConsumers {
+		bc.EventSource.Node().AddDependency(p.Migrate)
+	}
 
 	// Retention, daily at a quiet hour: the redrive function's prune deletes
 	// sent events and inbox rows past their retention, in bounded batches,
@@ -443,21 +492,27 @@ func grantDB(cfg Config, net *Network, fn string, role awsiam.Role) {
 // code with migrate as its default operation, logging in as the master user
 // (the owner of fifobox's tables) with the cluster's secret, straight to the
 // cluster's writer. Nothing else may invoke it.
-func newMigrationFunction(stack awscdk.Stack, cfg Config, net *Network, p *Pipeline) awslambda.Function {
+func newMigrationFunction(stack awscdk.Stack, cfg Config, net *Network, p *Pipeline, brokerEnv map[string]*string, grantBroker func(awsiam.Role)) awslambda.Function {
+	env := map[string]*string{
+		"FIFOBOX_DB_HOST":           net.Cluster.ClusterEndpoint().Hostname(),
+		"FIFOBOX_DB_PORT":           jsii.String(strconv.Itoa(DBPort)),
+		"FIFOBOX_DB_NAME":           jsii.String(cfg.DatabaseName),
+		"FIFOBOX_DB_SECRET_ARN":     net.Cluster.Secret().SecretArn(),
+		"FIFOBOX_DEFAULT_OPERATION": jsii.String("migrate"),
+	}
+	// With a broker, migrate also declares its topology (pkg/redrive).
+	for k, v := range brokerEnv {
+		env[k] = v
+	}
 	fn, role := newFunction(stack, cfg, net, "Migration", FnRedrive, functionOptions{
 		description: "fifobox migrations (deploy trigger), as the database owner",
 		logsKey:     p.LogsKey,
 		timeout:     cfg.RedriveTimeoutSeconds,
 		memoryMB:    256,
-		env: &map[string]*string{
-			"FIFOBOX_DB_HOST":           net.Cluster.ClusterEndpoint().Hostname(),
-			"FIFOBOX_DB_PORT":           jsii.String(strconv.Itoa(DBPort)),
-			"FIFOBOX_DB_NAME":           jsii.String(cfg.DatabaseName),
-			"FIFOBOX_DB_SECRET_ARN":     net.Cluster.Secret().SecretArn(),
-			"FIFOBOX_DEFAULT_OPERATION": jsii.String("migrate"),
-		},
+		env:         &env,
 	})
 	net.Cluster.Secret().GrantRead(role, nil)
+	grantBroker(role)
 	return fn
 }
 

@@ -216,3 +216,17 @@ func (b Broker) Operations(log *slog.Logger) (transport.Operations, func() error
 	}
 	return nil, nil, fmt.Errorf("broker operations: transport %s has none here", b.Kind)
 }
+
+// Provisioner returns the broker's topology provisioner (idempotent
+// declarations of exchanges, queues, streams and consumers), which the
+// operations function runs with migrate, so a deploy leaves the broker
+// ready before any consumer or the schedule starts.
+func (b Broker) Provisioner() (transport.Provisioner, error) {
+	switch b.Kind {
+	case transport.RabbitMQ:
+		return amqp.NewProvisioner(b.AMQP)
+	case transport.NATS:
+		return natsbus.NewProvisioner(b.NATS)
+	}
+	return nil, fmt.Errorf("broker provisioner: transport %s has none here", b.Kind)
+}

@@ -2,6 +2,8 @@ package redrive_test
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -113,3 +115,73 @@ func eventually(t *testing.T, cond func() bool) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// migrate with a Provisioner (the operations function of a broker
+// deployment, run by the deploy trigger) applies the migrations and
+// declares the broker's topology; a failing provisioner fails migrate and
+// its audit row says why.
+func TestMigrateProvisionsBrokerTopology(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	v := amqptest.New(t)
+	cfg := amqp.Config{URL: v.URL, Topology: amqp.Ticketing(), Logger: quiet}
+	ops, err := amqp.NewOperations(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ops.Close()
+	before, err := ops.Depths(ctx, "inventory")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(before) != 1 || before[0].Error == "" {
+		t.Fatalf("inventory's queue before migrate: %+v, want an error (not declared yet)", before)
+	}
+
+	prov, err := amqp.NewProvisioner(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := pgtest.New(t)
+	svc, err := redrive.New(db.Pool, nil, redrive.Config{Broker: ops, Provisioner: prov, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ { // idempotent: every deploy runs it again
+		res, err := svc.Execute(ctx, redrive.Command{Operation: redrive.OpMigrate, Actor: "deploy"})
+		if err != nil || res.Message != "migrations applied, broker topology provisioned" {
+			t.Fatalf("migrate %d: %+v %v", i, res, err)
+		}
+	}
+	after, err := ops.Depths(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(after) != 2 {
+		t.Fatalf("depths after migrate: %+v, want inventory and notification", after)
+	}
+	for _, d := range after {
+		if d.Error != "" || d.Ready != 0 || d.DLQ != 0 {
+			t.Errorf("%s after migrate: %+v", d.Consumer, d)
+		}
+	}
+
+	failing, err := redrive.New(db.Pool, nil, redrive.Config{Broker: ops, Provisioner: failingProvisioner{}, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := failing.Execute(ctx, redrive.Command{Operation: redrive.OpMigrate, Actor: "deploy"}); err == nil {
+		t.Fatal("migrate succeeded with a failing provisioner")
+	}
+	var status, text string
+	if err := db.Pool.QueryRow(ctx, `SELECT status, coalesce(error, '') FROM redrive_audit WHERE operation = 'migrate' ORDER BY id DESC LIMIT 1`).Scan(&status, &text); err != nil {
+		t.Fatal(err)
+	}
+	if status != "failed" || !strings.Contains(text, "provision broker topology: broker unreachable") {
+		t.Errorf("audit of the failed migrate: %s %q", status, text)
+	}
+}
+
+type failingProvisioner struct{}
+
+func (failingProvisioner) Provision(context.Context) error { return errors.New("broker unreachable") }

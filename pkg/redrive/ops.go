@@ -61,7 +61,15 @@ func (s *Service) migrate(ctx context.Context, cmd Command) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	return Result{Operation: cmd.Operation, AuditID: id, Message: "migrations applied"}, s.auditFinish(ctx, id, cmd, 0, nil)
+	msg := "migrations applied"
+	if s.cfg.Provisioner != nil {
+		if err := s.cfg.Provisioner.Provision(ctx); err != nil {
+			err = fmt.Errorf("migrate: provision broker topology: %w", err)
+			return Result{}, errors.Join(err, s.auditFinish(ctx, id, cmd, 0, err))
+		}
+		msg += ", broker topology provisioned"
+	}
+	return Result{Operation: cmd.Operation, AuditID: id, Message: msg}, s.auditFinish(ctx, id, cmd, 0, nil)
 }
 
 func (s *Service) status(ctx context.Context, cmd Command) (Result, error) {

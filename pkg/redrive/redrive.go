@@ -216,6 +216,10 @@ type Config struct {
 	// pkg/transport/amqp.Operations): queue depths, dlq-redrive and replay
 	// go through it instead of SQS, and Queues is not used.
 	Broker transport.Operations
+	// Provisioner, when set, declares the broker's topology (idempotently)
+	// after the migrations in migrate: the deploy trigger's one call leaves
+	// both the database and the broker ready.
+	Provisioner transport.Provisioner
 	// Topology supplies consumer filters: replay skips events the consumer's
 	// subscription filter would not have delivered. Default topology.Default().
 	Topology *topology.Topology
