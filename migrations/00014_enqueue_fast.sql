@@ -258,6 +258,7 @@ LANGUAGE plpgsql VOLATILE AS $f$
 #variable_conflict use_column
 DECLARE
     doc jsonb;
+    doc_text text;
     plain boolean := false; -- the shape is right, found by the quick check
     forms_ok boolean;
     e json;
@@ -279,9 +280,10 @@ BEGIN
         EXCEPTION WHEN others THEN
             doc := NULL; -- a number beyond numeric's range
         END;
+        doc_text := doc::text;
         plain := doc IS NOT NULL
             AND octet_length(events::text) - octet_length(replace(events::text, ':', ''))
-                = octet_length(doc::text) - octet_length(replace(doc::text, ':', ''))
+                = octet_length(doc_text) - octet_length(replace(doc_text, ':', ''))
             AND NOT EXISTS (
                 SELECT FROM jsonb_array_elements(doc) AS a(e)
                 WHERE CASE WHEN jsonb_typeof(e) <> 'object' THEN true
