@@ -6,21 +6,24 @@
 -- 00013 checked each event in its own PL/pgSQL calls and read the JSON
 -- array member by member, several times over. Now each entry point first
 -- runs a quick check over all events in one statement: conditions that
--- hold for nearly every valid event and are cheap to test (no escapes in
--- the JSON, no number near the float64 limit, no traceparent edge case).
--- Each condition implies the rule it stands for, so the quick check never
--- passes what the full one rejects. When it passes, the full check is
--- skipped; when it fails, 00013's full check runs as before and either
--- raises the exact error (same SQLSTATE, field and message) or finds the
--- events valid after all (the quick check was only unsure).
+-- hold for nearly every valid event and are cheap to test (no number near
+-- the float64 limit, no more than 32 brackets, no escaped ':'). Each
+-- condition implies the rule it stands for, so the
+-- quick check never passes what the full one rejects. When it passes, the
+-- full check is skipped; when it fails, 00013's full check runs as before
+-- and either raises the exact error (same SQLSTATE, field and message) or
+-- finds the events valid after all (the quick check was only unsure). A
+-- rule changed later changes here too: each quick condition must still
+-- imply its rule.
 --
--- Two facts the quick payload check rests on, for JSON without a backslash
--- (no escapes: a string's text is the same in the input and in jsonb's
--- output):
--- - a member name appears twice in an object exactly when jsonb, which
---   keeps one member per name, has fewer ':' in its text than the input:
---   each member has one ':' outside strings, and jsonb keeps every other
---   string as written;
+-- What the quick payload check rests on:
+-- - jsonb refuses \u0000 and unpaired surrogate escapes, so a payload jsonb
+--   accepts passes those rules;
+-- - every object member has one ':' outside strings, and jsonb keeps one
+--   member per name, writing every other string back with the same ':'
+--   (unless an escape wrote one, \u003a): so a member name appears twice
+--   exactly when jsonb's text has fewer ':' than the payload. A batch
+--   array without escapes has its own members checked the same way;
 -- - a value nests at most as deep as it has '[' and '{' characters.
 
 -- fifobox_check_batch_shape raises the first shape problem of a JSON array
@@ -160,14 +163,15 @@ BEGIN
             AND (coalesce(tp, '') = '' OR fifobox_traceparent_ok(tp))
             AND (coalesce(tr, '') = '' OR (coalesce(tp, '') <> '' AND fifobox_tracestate_ok(tr)))
             AND sv BETWEEN 1 AND 2147483647
-            -- the payload rules (fifobox_payload_problem) for a payload
-            -- without escapes: JSON, not null, at most 32 deep, numbers
-            -- within float64 (only one with an exponent or over 308 digits
-            -- can be out), no member name twice
-            AND strpos(p, '\') = 0 AND jsonb_typeof(jb) <> 'null'
+            -- the payload rules (fifobox_payload_problem): JSON jsonb can
+            -- hold, not null, at most 32 deep, numbers within float64 (only
+            -- one with an exponent or over 308 digits can be out), no member
+            -- name twice
+            AND jsonb_typeof(jb) <> 'null'
             AND octet_length(p) - octet_length(replace(replace(p, '[', ''), '{', '')) <= 32
             AND ((octet_length(p) <= 308 AND p !~ '[0-9][eE]')
                  OR NOT jb @? 'strict $.** ? (@.type() == "number" && (@ >= 1e308 || @ <= -1e308))')
+            AND (strpos(p, '\') = 0 OR p !~ '\\u003[aA]')
             AND octet_length(p) - octet_length(replace(p, ':', '')) = octet_length(jb::text) - octet_length(replace(jb::text, ':', ''))
             AND size <= max_message_bytes, false))
            AND count(DISTINCT id) = count(*),
@@ -270,8 +274,10 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'events',
             MESSAGE = 'enqueue: events: must be a JSON array of envelopes';
     END IF;
-    -- The quick shape check, for an array without escapes: every element an
-    -- object of envelope members only, each once (see the top of this file),
+    -- The quick shape check, for an array without escapes (an escaped
+    -- occurred_at can only be judged as written, and json_to_recordset
+    -- gives strings unescaped): every element an object of envelope members
+    -- only, each once (counted as for payloads, see the top of this file),
     -- of the right JSON type. The forms of occurred_at and schema_version
     -- are checked as they are read, below.
     IF strpos(events::text, '\') = 0 THEN

@@ -22,7 +22,7 @@ import (
 	"github.com/fifobox/fifobox/pkg/outbox"
 )
 
-// The SQL producer path (fifobox_enqueue, migrations/00013) must be
+// The SQL producer path (fifobox_enqueue, migrations/00013 and 00014) must be
 // indistinguishable from outbox.Enqueue: the same events accepted, the same
 // field named when not, and byte-for-byte the same stored rows.
 
@@ -371,14 +371,17 @@ func TestSQLEnqueueBatch(t *testing.T) {
 		}
 		return readStored(ctx, tx)
 	}
-	// An array without escapes takes the quick checks (migrations/00014),
-	// one with them the full ones: both must store and reject alike.
+	// Arrays with and without escapes take the quick checks
+	// (migrations/00014); an escaped ':' sends the whole array through the
+	// full ones. All must store and reject alike.
 	plainEvs := append([]envelope.Envelope(nil), evs...)
 	plainEvs[0].Payload = json.RawMessage(`{ "items" : [ {"sku": "A 1", "qty": 2} ], "note": "cafe x" }`)
+	colonEvs := append([]envelope.Envelope(nil), evs...)
+	colonEvs[0].Payload = json.RawMessage(`{"note": "a\u003ab", "n": 1}`)
 	for _, base := range []struct {
 		name string
 		evs  []envelope.Envelope
-	}{{"escaped", evs}, {"plain", plainEvs}} {
+	}{{"escaped", evs}, {"plain", plainEvs}, {"escaped colon", colonEvs}} {
 		evs := base.evs
 		goRows, err := stored(func(tx pgx.Tx) error { return outbox.Enqueue(ctx, tx, evs...) })
 		if err != nil {
@@ -426,6 +429,7 @@ func TestSQLEnqueueBatch(t *testing.T) {
 			{"payload member twice", strings.Replace(doc(evs), `"payload":[]`, `"payload":{"a":1,"a":2}`, 1), "payload", "22023"},
 			{"payload number too large", strings.Replace(doc(evs), `"payload":[]`, `"payload":[1e309]`, 1), "payload", "22023"},
 			{"payload too deep", strings.Replace(doc(evs), `"payload":[]`, `"payload":`+strings.Repeat("[", 33)+strings.Repeat("]", 33), 1), "payload", "22023"},
+			{"occurred_at escaped", strings.Replace(doc(evs), `"occurred_at":"2026-11-22T10:00:00.123456+01:00","payload":[]`, `"occurred_at":"\u0032026-11-22T10:00:00.123456+01:00","payload":[]`, 1), "occurred_at", "22023"},
 			{"payload beyond numeric", strings.Replace(doc(evs), `"payload":[]`, `"payload":[1e999999]`, 1), "payload", "22023"},
 		}
 		for _, c := range bad {
