@@ -7,14 +7,14 @@
 -- array member by member, several times over. Now each entry point first
 -- runs a quick check over all events in one statement: conditions that
 -- hold for nearly every valid event and are cheap to test (no number near
--- the float64 limit, no more than 32 brackets, no escaped ':'). Each
--- condition implies the rule it stands for, so the
--- quick check never passes what the full one rejects. When it passes, the
--- full check is skipped; when it fails, 00013's full check runs as before
--- and either raises the exact error (same SQLSTATE, field and message) or
--- finds the events valid after all (the quick check was only unsure). A
--- rule changed later changes here too: each quick condition must still
--- imply its rule.
+-- the float64 limit, no more than 32 brackets, no ':' written as an
+-- escape). Each condition implies the rule it stands for, so the quick
+-- check never passes what the full one rejects. When it passes, the full
+-- check is skipped; when it fails, 00013's full check runs as before and
+-- either raises the exact error (same SQLSTATE, field and message) or finds
+-- the events valid after all (the quick check was only unsure). A rule
+-- changed later changes here too: each quick condition must still imply
+-- its rule.
 --
 -- What the quick payload check rests on:
 -- - jsonb refuses \u0000 and unpaired surrogate escapes, so a payload jsonb
@@ -105,7 +105,7 @@ BEGIN
     BEGIN
         parsed := payloads::jsonb[];
     EXCEPTION WHEN others THEN
-        parsed := NULL; -- not JSON, \u0000, or a number beyond numeric's range
+        parsed := NULL; -- not JSON, \u0000, a lone surrogate, or a number beyond numeric's range
     END;
 
     -- The bodies, field for field as envelope.Encode writes them (Go's
