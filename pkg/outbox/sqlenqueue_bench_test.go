@@ -22,7 +22,7 @@ import (
 )
 
 // BenchmarkEnqueueSQL measures enqueue throughput through fifobox_enqueue
-// (migrations/00013) beside Go's outbox.Enqueue, on the same PostgreSQL in
+// (migrations/00013, 00014) beside Go's outbox.Enqueue, on the same PostgreSQL in
 // the same run: 4 producers, each committing transactions of one event (the
 // common case) or of ten (fifobox_enqueue_batch against one Enqueue call),
 // over 1,000 aggregates, and over one hot aggregate (every producer

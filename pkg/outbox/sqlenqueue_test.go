@@ -22,7 +22,7 @@ import (
 	"github.com/fifobox/fifobox/pkg/outbox"
 )
 
-// The SQL producer path (fifobox_enqueue, migrations/00013) must be
+// The SQL producer path (fifobox_enqueue, migrations/00013 and 00014) must be
 // indistinguishable from outbox.Enqueue: the same events accepted, the same
 // field named when not, and byte-for-byte the same stored rows.
 
@@ -371,63 +371,85 @@ func TestSQLEnqueueBatch(t *testing.T) {
 		}
 		return readStored(ctx, tx)
 	}
-	goRows, err := stored(func(tx pgx.Tx) error { return outbox.Enqueue(ctx, tx, evs...) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	sqlRows, err := stored(func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT event_id::text, sequence FROM fifobox_enqueue_batch($1::json)`, doc(evs))
+	// Arrays with and without escapes take the quick checks
+	// (migrations/00014); an escaped ':' sends the whole array through the
+	// full ones. All must store and reject alike.
+	plainEvs := append([]envelope.Envelope(nil), evs...)
+	plainEvs[0].Payload = json.RawMessage(`{ "items" : [ {"sku": "A 1", "qty": 2} ], "note": "cafe x" }`)
+	colonEvs := append([]envelope.Envelope(nil), evs...)
+	colonEvs[0].Payload = json.RawMessage(`{"note": "a\u003ab", "n": 1}`)
+	for _, base := range []struct {
+		name string
+		evs  []envelope.Envelope
+	}{{"escaped", evs}, {"plain", plainEvs}, {"escaped colon", colonEvs}} {
+		evs := base.evs
+		goRows, err := stored(func(tx pgx.Tx) error { return outbox.Enqueue(ctx, tx, evs...) })
 		if err != nil {
-			return err
+			t.Fatal(err)
 		}
-		got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[struct {
-			ID  string
-			Seq int64
-		}])
-		if err == nil && (len(got) != 3 || got[0].Seq != 1 || got[1].Seq != 1 || got[2].Seq != 2 || got[2].ID != evs[2].ID) {
-			err = fmt.Errorf("returned %+v, want the events in order with sequences 1, 1, 2", got)
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !reflect.DeepEqual(goRows, sqlRows) {
-		t.Fatalf("stored rows differ:\nGo:  %+v\nSQL: %+v", goRows, sqlRows)
-	}
-
-	bad := []struct {
-		name, doc, field, code string
-	}{
-		{"invalid third event", strings.Replace(doc(evs), `"aggregate_id":"o-1","aggregate_type":"order","causation_id"`, `"aggregate_id":"o 1","aggregate_type":"order","causation_id"`, 1), "aggregate_id", "22023"},
-		{"unknown member", strings.Replace(doc(evs), `"aggregate_id":"c-9"`, `"aggregate_id":"c-9","aggregateId":"c-9"`, 1), "aggregateId", "22023"},
-		{"sequence is the outbox's", strings.Replace(doc(evs), `"aggregate_id":"c-9"`, `"aggregate_id":"c-9","sequence":4`, 1), "sequence", "22023"},
-		{"wrong JSON type", strings.Replace(doc(evs), `"aggregate_id":"c-9"`, `"aggregate_id":9`, 1), "aggregate_id", "22023"},
-		{"not RFC 3339", strings.Replace(doc(evs), `"occurred_at":"2026-11-22T10:00:00.123456+01:00","payload":[]`, `"occurred_at":"today","payload":[]`, 1), "occurred_at", "22023"},
-		{"no such date", strings.Replace(doc(evs), `"occurred_at":"2026-11-22T10:00:00.123456+01:00","payload":[]`, `"occurred_at":"2026-02-30T10:00:00Z","payload":[]`, 1), "occurred_at", "22023"},
-		{"schema_version not an integer", strings.Replace(doc(evs), `"schema_version":1,"type":"customer.updated"`, `"schema_version":1.5,"type":"customer.updated"`, 1), "schema_version", "22023"},
-		{"null payload", strings.Replace(doc(evs), `"payload":[]`, `"payload":null`, 1), "payload", "22004"},
-		{"missing type", strings.Replace(doc(evs), `,"type":"customer.updated"`, ``, 1), "type", "22004"},
-		{"same id twice", strings.Replace(doc(evs), evs[1].ID, evs[0].ID, 1), "id", "22023"},
-		{"not an array", `{"id":"x"}`, "events", "22023"},
-	}
-	for _, c := range bad {
-		t.Run(c.name, func(t *testing.T) {
-			if c.doc == doc(evs) {
-				t.Fatal("the case changed nothing")
-			}
-			rows, err := stored(func(tx pgx.Tx) error {
-				_, err := tx.Exec(ctx, `SELECT fifobox_enqueue_batch($1::json)`, c.doc)
+		sqlRows, err := stored(func(tx pgx.Tx) error {
+			rows, err := tx.Query(ctx, `SELECT event_id::text, sequence FROM fifobox_enqueue_batch($1::json)`, doc(evs))
+			if err != nil {
 				return err
-			})
-			var pe *pgconn.PgError
-			if !errors.As(err, &pe) || pe.Code != c.code || pe.ColumnName != c.field {
-				t.Fatalf("err = %v (rows %d), want SQLSTATE %s naming %s", err, len(rows), c.code, c.field)
 			}
-			if c.field != "events" && !strings.HasPrefix(pe.Message, "enqueue event ") {
-				t.Errorf("message %q does not say which event", pe.Message)
+			got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[struct {
+				ID  string
+				Seq int64
+			}])
+			if err == nil && (len(got) != 3 || got[0].Seq != 1 || got[1].Seq != 1 || got[2].Seq != 2 || got[2].ID != evs[2].ID) {
+				err = fmt.Errorf("returned %+v, want the events in order with sequences 1, 1, 2", got)
 			}
+			return err
 		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(goRows, sqlRows) {
+			t.Fatalf("stored rows differ:\nGo:  %+v\nSQL: %+v", goRows, sqlRows)
+		}
+
+		bad := []struct {
+			name, doc, field, code string
+		}{
+			{"invalid third event", strings.Replace(doc(evs), `"aggregate_id":"o-1","aggregate_type":"order","causation_id"`, `"aggregate_id":"o 1","aggregate_type":"order","causation_id"`, 1), "aggregate_id", "22023"},
+			{"unknown member", strings.Replace(doc(evs), `"aggregate_id":"c-9"`, `"aggregate_id":"c-9","aggregateId":"c-9"`, 1), "aggregateId", "22023"},
+			{"sequence is the outbox's", strings.Replace(doc(evs), `"aggregate_id":"c-9"`, `"aggregate_id":"c-9","sequence":4`, 1), "sequence", "22023"},
+			{"wrong JSON type", strings.Replace(doc(evs), `"aggregate_id":"c-9"`, `"aggregate_id":9`, 1), "aggregate_id", "22023"},
+			{"not RFC 3339", strings.Replace(doc(evs), `"occurred_at":"2026-11-22T10:00:00.123456+01:00","payload":[]`, `"occurred_at":"today","payload":[]`, 1), "occurred_at", "22023"},
+			{"no such date", strings.Replace(doc(evs), `"occurred_at":"2026-11-22T10:00:00.123456+01:00","payload":[]`, `"occurred_at":"2026-02-30T10:00:00Z","payload":[]`, 1), "occurred_at", "22023"},
+			{"schema_version not an integer", strings.Replace(doc(evs), `"schema_version":1,"type":"customer.updated"`, `"schema_version":1.5,"type":"customer.updated"`, 1), "schema_version", "22023"},
+			{"null payload", strings.Replace(doc(evs), `"payload":[]`, `"payload":null`, 1), "payload", "22004"},
+			{"missing type", strings.Replace(doc(evs), `,"type":"customer.updated"`, ``, 1), "type", "22004"},
+			{"same id twice", strings.Replace(doc(evs), evs[1].ID, evs[0].ID, 1), "id", "22023"},
+			{"not an array", `{"id":"x"}`, "events", "22023"},
+			{"member twice", strings.Replace(doc(evs), `"aggregate_id":"c-9"`, `"aggregate_id":"c-9","aggregate_id":"c-9"`, 1), "aggregate_id", "22023"},
+			{"not an object", "[1," + doc(evs)[1:], "envelope", "22023"},
+			{"schema_version a string", strings.Replace(doc(evs), `"schema_version":1,"type":"customer.updated"`, `"schema_version":"1","type":"customer.updated"`, 1), "schema_version", "22023"},
+			{"schema_version with an exponent", strings.Replace(doc(evs), `"schema_version":1,"type":"customer.updated"`, `"schema_version":1e0,"type":"customer.updated"`, 1), "schema_version", "22023"},
+			{"payload member twice", strings.Replace(doc(evs), `"payload":[]`, `"payload":{"a":1,"a":2}`, 1), "payload", "22023"},
+			{"payload number too large", strings.Replace(doc(evs), `"payload":[]`, `"payload":[1e309]`, 1), "payload", "22023"},
+			{"payload too deep", strings.Replace(doc(evs), `"payload":[]`, `"payload":`+strings.Repeat("[", 33)+strings.Repeat("]", 33), 1), "payload", "22023"},
+			{"occurred_at escaped", strings.Replace(doc(evs), `"occurred_at":"2026-11-22T10:00:00.123456+01:00","payload":[]`, `"occurred_at":"\u0032026-11-22T10:00:00.123456+01:00","payload":[]`, 1), "occurred_at", "22023"},
+			{"payload beyond numeric", strings.Replace(doc(evs), `"payload":[]`, `"payload":[1e999999]`, 1), "payload", "22023"},
+		}
+		for _, c := range bad {
+			t.Run(base.name+"/"+c.name, func(t *testing.T) {
+				if c.doc == doc(evs) {
+					t.Fatal("the case changed nothing")
+				}
+				rows, err := stored(func(tx pgx.Tx) error {
+					_, err := tx.Exec(ctx, `SELECT fifobox_enqueue_batch($1::json)`, c.doc)
+					return err
+				})
+				var pe *pgconn.PgError
+				if !errors.As(err, &pe) || pe.Code != c.code || pe.ColumnName != c.field {
+					t.Fatalf("err = %v (rows %d), want SQLSTATE %s naming %s", err, len(rows), c.code, c.field)
+				}
+				if c.field != "events" && !strings.HasPrefix(pe.Message, "enqueue event ") {
+					t.Errorf("message %q does not say which event", pe.Message)
+				}
+			})
+		}
 	}
 	var n int
 	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&n); err != nil || n != 0 {

@@ -1,7 +1,8 @@
 // Package envelopetest reads pkg/envelope/testdata/validation.json, the
 // table of valid and invalid envelopes that every implementation of the
 // envelope rules is checked against: envelope.Validate itself and the
-// database's fifobox_enqueue (migrations/00013_enqueue_function.sql).
+// database's fifobox_enqueue (migrations/00013_enqueue_function.sql, with
+// the quick checks of 00014_enqueue_fast.sql).
 package envelopetest
 
 import (
