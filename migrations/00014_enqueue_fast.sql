@@ -69,6 +69,64 @@ END
 $f$;
 -- +goose StatementEnd
 
+-- fifobox_raise_bad_escapes raises, for a batch array holding an escape
+-- PostgreSQL's JSON functions refuse (\u0000, an unpaired surrogate: they
+-- fail with 22P05 / 22P02 wherever the array is read), the error
+-- fifobox_enqueue would: the first invalid field, in Go's order, with its
+-- reason. It marks each such escape with one they accept, reads the array,
+-- puts the escapes back into the payloads and lets the per-event checks
+-- raise. It returns only when the array has no such escape.
+-- +goose StatementBegin
+CREATE FUNCTION fifobox_raise_bad_escapes(events json, max_message_bytes integer) RETURNS void
+LANGUAGE plpgsql AS $f$
+DECLARE
+    marked text;
+    e json;
+    idx integer := 0;
+    ids text[] := '{}'; types text[] := '{}'; occurred timestamptz[] := '{}'; agg_types text[] := '{}';
+    agg_ids text[] := '{}'; tenants text[] := '{}'; correlations text[] := '{}'; causations text[] := '{}';
+    traceparents text[] := '{}'; tracestates text[] := '{}'; versions bigint[] := '{}'; payloads text[] := '{}';
+    x record;
+BEGIN
+    -- An escape counts only after an even run of backslashes ("\\u0000" is
+    -- text, not an escape). \u0001\u0002 stands for \u0000, \u0001\u0003
+    -- for an unpaired surrogate.
+    marked := regexp_replace(events::text, '(?<!\\)((?:\\\\)*)\\u0000', '\1\\u0001\\u0002', 'g');
+    marked := regexp_replace(marked, '(?<!\\)((?:\\\\)*)\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})',
+        '\1\\u0001\\u0003', 'g');
+    marked := regexp_replace(marked, '(?<!\\)((?:\\\\)*)(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}',
+        '\1\\u0001\\u0003', 'g');
+    IF marked = events::text THEN
+        RETURN;
+    END IF;
+    PERFORM fifobox_check_batch_shape(marked::json);
+    FOR e IN SELECT value FROM json_array_elements(marked::json) LOOP
+        SELECT * INTO x FROM json_to_record(e) AS r(id text, type text, occurred_at text, aggregate_type text,
+            aggregate_id text, tenant_id text, correlation_id text, causation_id text, traceparent text,
+            tracestate text, schema_version bigint);
+        BEGIN
+            occurred := occurred || regexp_replace(x.occurred_at, '(\.[0-9]{6})[0-9]+', '\1')::timestamptz;
+        EXCEPTION WHEN others THEN
+            PERFORM fifobox_raise_invalid(idx, ARRAY['occurred_at', 'invalid', 'must be an RFC 3339 timestamp']);
+        END;
+        ids := ids || x.id; types := types || x.type; agg_types := agg_types || x.aggregate_type;
+        agg_ids := agg_ids || x.aggregate_id; tenants := tenants || x.tenant_id;
+        correlations := correlations || x.correlation_id; causations := causations || x.causation_id;
+        traceparents := traceparents || x.traceparent; tracestates := tracestates || x.tracestate;
+        versions := versions || x.schema_version;
+        payloads := payloads || replace(replace((e -> 'payload')::text, '\u0001\u0002', '\u0000'), '\u0001\u0003', '\ud800');
+        idx := idx + 1;
+    END LOOP;
+    PERFORM fifobox_enqueue_events(ids, types, occurred, agg_types, agg_ids, tenants, correlations,
+        causations, traceparents, tracestates, versions, payloads, max_message_bytes);
+    -- Not reached while the payload rules refuse those escapes; never let
+    -- the batch through if they stop doing so.
+    RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'events',
+        MESSAGE = 'enqueue: events: a string holds \u0000 or an unpaired surrogate escape, which PostgreSQL cannot store';
+END
+$f$;
+-- +goose StatementEnd
+
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION fifobox_enqueue_events(ids text[], types text[], occurred timestamptz[], agg_types text[], agg_ids text[],
     tenants text[], correlations text[], causations text[], traceparents text[], tracestates text[],
@@ -300,6 +358,11 @@ BEGIN
                       END);
     END IF;
     IF NOT plain THEN
+        -- PostgreSQL cannot read an array holding \u0000 or an unpaired
+        -- surrogate at all: say which event and field, as fifobox_enqueue does.
+        IF events::text ~ '\\u(0000|[dD][89a-fA-F])' THEN
+            PERFORM fifobox_raise_bad_escapes(events, max_message_bytes);
+        END IF;
         PERFORM fifobox_check_batch_shape(events);
     END IF;
     BEGIN
@@ -325,7 +388,13 @@ BEGIN
                coalesce(array_agg(x.causation_id), '{}'), coalesce(array_agg(x.traceparent), '{}'),
                coalesce(array_agg(x.tracestate), '{}'),
                coalesce(array_agg(CASE WHEN x.form_ok THEN x.schema_version::bigint END), '{}'),
-               coalesce(array_agg(x.payload::text), '{}'), coalesce(bool_and(x.form_ok), true)
+               -- A string payload is read again from the array: json_to_recordset
+               -- turns its \u escapes into characters, and Go stores the
+               -- payload as written.
+               coalesce(array_agg(CASE WHEN json_typeof(x.payload) = 'string'
+                                       THEN (events -> (x.o - 1)::integer -> 'payload')::text
+                                       ELSE x.payload::text END), '{}'),
+               coalesce(bool_and(x.form_ok), true)
         INTO ids, types, occurred, agg_types, agg_ids, tenants, correlations, causations, traceparents, tracestates,
              versions, payloads, forms_ok
         FROM x;
@@ -558,3 +627,4 @@ $f$;
 -- +goose StatementEnd
 
 DROP FUNCTION fifobox_check_batch_shape(json);
+DROP FUNCTION fifobox_raise_bad_escapes(json, integer);

@@ -131,6 +131,55 @@ func viaSQL(t testing.TB, pool *pgxpool.Pool, e envelope.Envelope) verdict {
 	return verdict{Row: rows[0]}
 }
 
+// viaSQLBatch enqueues e with fifobox_enqueue_batch, as a one-event JSON
+// array written the way a client in another language writes it (the
+// payload embedded as given), in a transaction it rolls back.
+func viaSQLBatch(t testing.TB, pool *pgxpool.Pool, e envelope.Envelope) verdict {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	str := func(v string) string { b, _ := json.Marshal(v); return string(b) }
+	var b strings.Builder
+	b.WriteString(`[{"id":` + str(e.ID) + `,"type":` + str(e.Type) + `,"occurred_at":` + str(e.OccurredAt.Format(time.RFC3339Nano)) +
+		`,"aggregate_type":` + str(e.AggregateType) + `,"aggregate_id":` + str(e.AggregateID) +
+		`,"schema_version":` + fmt.Sprint(e.SchemaVersion))
+	for _, f := range []struct{ k, v string }{{"tenant_id", e.TenantID}, {"correlation_id", e.CorrelationID},
+		{"causation_id", e.CausationID}, {"traceparent", e.TraceParent}, {"tracestate", e.TraceState}} {
+		if f.v != "" {
+			b.WriteString(`,"` + f.k + `":` + str(f.v))
+		}
+	}
+	b.WriteString(`,"payload":` + string(e.Payload) + `}]`)
+	if _, err := tx.Exec(ctx, `SELECT fifobox_enqueue_batch($1::json)`, b.String()); err != nil {
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) {
+			t.Fatalf("fifobox_enqueue_batch: %v", err)
+		}
+		if kind, ok := sqlKinds[pe.Code]; ok {
+			return verdict{Field: pe.ColumnName, Kind: kind}
+		}
+		return verdict{PGType: pe.Code}
+	}
+	rows, err := readStored(ctx, tx)
+	if err != nil || len(rows) != 1 {
+		t.Fatalf("fifobox_enqueue_batch stored %d rows (%v), want 1", len(rows), err)
+	}
+	return verdict{Row: rows[0]}
+}
+
+// batchExpressible says whether e can be written as a batch element at all:
+// its payload must be JSON (the array is), and its time a four-digit year
+// (RFC 3339) that PostgreSQL reads as text: year 0000 is 1 BC to Go and no
+// year to PostgreSQL's date input.
+func batchExpressible(e envelope.Envelope) bool {
+	y := e.OccurredAt.Year()
+	return json.Valid(e.Payload) && y >= 1 && y <= 9999
+}
+
 // unrepresentable says why PostgreSQL cannot even receive e's fields as
 // the function's argument types ("" if it can): text must be UTF-8 without
 // NUL, timestamps within PostgreSQL's range. The type input rejects those
@@ -170,6 +219,16 @@ func agree(t testing.TB, pool *pgxpool.Pool, e envelope.Envelope) (goV, sqlV ver
 	}
 	if goV.Field == "" && !reflect.DeepEqual(goV.Row, sqlV.Row) {
 		t.Fatalf("stored rows differ:\nGo:  %+v\nSQL: %+v", goV.Row, sqlV.Row)
+	}
+	// The batch entry point: the same verdict and the same row.
+	if batchExpressible(e) {
+		bV := viaSQLBatch(t, pool, e)
+		if bV.PGType != "" || bV.Field != goV.Field || bV.Kind != goV.Kind {
+			t.Fatalf("fifobox_enqueue_batch: %+v; Go: field %q kind %q", bV, goV.Field, goV.Kind)
+		}
+		if goV.Field == "" && !reflect.DeepEqual(goV.Row, bV.Row) {
+			t.Fatalf("stored rows differ:\nGo:    %+v\nbatch: %+v", goV.Row, bV.Row)
+		}
 	}
 	return
 }
@@ -378,10 +437,15 @@ func TestSQLEnqueueBatch(t *testing.T) {
 	plainEvs[0].Payload = json.RawMessage(`{ "items" : [ {"sku": "A 1", "qty": 2} ], "note": "cafe x" }`)
 	colonEvs := append([]envelope.Envelope(nil), evs...)
 	colonEvs[0].Payload = json.RawMessage(`{"note": "a\u003ab", "n": 1}`)
+	// A payload that is a JSON string keeps its \u escapes as written
+	// (json_to_recordset would store "café" where Go stores "caf\u00e9").
+	stringEvs := append([]envelope.Envelope(nil), evs...)
+	stringEvs[0].Payload = json.RawMessage(`"caf\u00e9 \"x\""`)
+	stringEvs[2].Payload = json.RawMessage(`"plain"`)
 	for _, base := range []struct {
 		name string
 		evs  []envelope.Envelope
-	}{{"escaped", evs}, {"plain", plainEvs}, {"escaped colon", colonEvs}} {
+	}{{"escaped", evs}, {"plain", plainEvs}, {"escaped colon", colonEvs}, {"string payloads", stringEvs}} {
 		evs := base.evs
 		goRows, err := stored(func(tx pgx.Tx) error { return outbox.Enqueue(ctx, tx, evs...) })
 		if err != nil {
@@ -405,7 +469,7 @@ func TestSQLEnqueueBatch(t *testing.T) {
 			t.Fatal(err)
 		}
 		if !reflect.DeepEqual(goRows, sqlRows) {
-			t.Fatalf("stored rows differ:\nGo:  %+v\nSQL: %+v", goRows, sqlRows)
+			t.Fatalf("%s: stored rows differ:\nGo:  %+v\nSQL: %+v", base.name, goRows, sqlRows)
 		}
 
 		bad := []struct {
