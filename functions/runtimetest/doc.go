@@ -8,8 +8,9 @@
 //     the SNS/SQS emulator, with the environment the synthesised CDK template
 //     gives that function, and check what it answers.
 //   - The environment drift tests (envdrift_test.go) compare each function's
-//     Environment in the synthesised templates (infra/cdk.out and
-//     infra/cdk.out.local, written by `make synth`) with the variables its
+//     Environment in the synthesised templates (infra/cdk.out,
+//     infra/cdk.out.local and the broker variants infra/cdk.out.rabbitmq
+//     and infra/cdk.out.nats, written by `make synth`) with the variables its
 //     loaders declare (envspec.Set values: pkg/lambdafn/*.Env, pkg/db.Env,
 //     pkg/metrics.Env, ...), and scan the code each binary links for reads
 //     of undeclared variables.
