@@ -323,6 +323,7 @@ DECLARE
     doc_text text;
     plain boolean := false; -- the shape is right, found by the quick check
     forms_ok boolean;
+    string_payloads boolean; -- some payload is a JSON string
     e json;
     idx integer := 0;
     ids text[]; types text[]; occurred timestamptz[]; agg_types text[]; agg_ids text[]; tenants text[];
@@ -388,15 +389,10 @@ BEGIN
                coalesce(array_agg(x.causation_id), '{}'), coalesce(array_agg(x.traceparent), '{}'),
                coalesce(array_agg(x.tracestate), '{}'),
                coalesce(array_agg(CASE WHEN x.form_ok THEN x.schema_version::bigint END), '{}'),
-               -- A string payload is read again from the array: json_to_recordset
-               -- turns its \u escapes into characters, and Go stores the
-               -- payload as written.
-               coalesce(array_agg(CASE WHEN json_typeof(x.payload) = 'string'
-                                       THEN (events -> (x.o - 1)::integer -> 'payload')::text
-                                       ELSE x.payload::text END), '{}'),
-               coalesce(bool_and(x.form_ok), true)
+               coalesce(array_agg(x.payload::text), '{}'),
+               coalesce(bool_and(x.form_ok), true), coalesce(bool_or(json_typeof(x.payload) = 'string'), false)
         INTO ids, types, occurred, agg_types, agg_ids, tenants, correlations, causations, traceparents, tracestates,
-             versions, payloads, forms_ok
+             versions, payloads, forms_ok, string_payloads
         FROM x;
     EXCEPTION WHEN datetime_field_overflow OR invalid_datetime_format OR invalid_parameter_value THEN
         -- A well-formed occurred_at that is no date (2026-02-30): a shape
@@ -414,6 +410,14 @@ BEGIN
     END;
     IF NOT forms_ok THEN
         PERFORM fifobox_check_batch_shape(events); -- raises
+    END IF;
+    -- json_to_recordset turns a string payload's \u escapes into characters,
+    -- and Go stores a payload as written: with escapes in the array (not
+    -- plain) and a string payload among them, read the payloads again as
+    -- written, in one more pass.
+    IF NOT plain AND string_payloads THEN
+        SELECT array_agg((a.e -> 'payload')::text ORDER BY a.o) INTO payloads
+        FROM json_array_elements(events) WITH ORDINALITY AS a(e, o);
     END IF;
     RETURN QUERY SELECT * FROM fifobox_enqueue_events(ids, types, occurred, agg_types, agg_ids, tenants, correlations,
         causations, traceparents, tracestates, versions, payloads, max_message_bytes);

@@ -74,7 +74,7 @@ func setup(ctx context.Context, log *slog.Logger) (*handler.Handler, error) {
 			return nil, err
 		}
 		// migrate (the deploy trigger) also declares the broker's topology.
-		if rc.Provisioner, err = broker.Provisioner(); err != nil {
+		if rc.Provisioner, err = broker.Provisioner(log); err != nil {
 			return nil, err
 		}
 	}

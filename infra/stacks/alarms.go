@@ -5,6 +5,7 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2/awscloudwatch"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awscloudwatchactions"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssns"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssnssubscriptions"
 	"github.com/aws/jsii-runtime-go"
@@ -88,6 +89,30 @@ func maximum(metric func(*awscloudwatch.MetricOptions) awscloudwatch.Metric, per
 
 func minutes(n float64) *awscloudwatch.MetricOptions {
 	return &awscloudwatch.MetricOptions{Period: awscdk.Duration_Minutes(jsii.Number(n))}
+}
+
+// consumerTexts say, in a consumer's alarm descriptions, what its transport
+// does with a failed record, a failed batch and a throttled invocation.
+type consumerTexts struct{ failures, batchesFailed, throttled string }
+
+// consumerAlarms are the alarms of every consumer function, whatever feeds
+// it: lag, failed records, failed batches, throttles.
+func consumerAlarms(cfg Config, n string, fn awslambda.Function, text consumerTexts) []alarmSpec {
+	th := cfg.Thresholds
+	return []alarmSpec{
+		// Consumers emit lag only with the batches they process. One
+		// datapoint over 5 minutes fires, so a consumer that sees one late
+		// batch an hour alarms too; no batches = no lag (NOT_BREACHING: a
+		// stuck consumer shows in its queue's age or backlog alarm).
+		{name: AlarmConsumerLag + "-" + n, description: "Consumer " + n + " processed an event later than the threshold after it occurred",
+			metric: consumerMetric(cfg, n, MetricConsumerLagSeconds, "Maximum", 300), threshold: th.ConsumerLagSeconds, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
+		{name: AlarmConsumerFailures + "-" + n, description: "Consumer " + n + " failed records (" + text.failures + ")",
+			metric: consumerMetric(cfg, n, MetricFailures, "Sum", 300), threshold: th.ConsumerFailures, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
+		{name: AlarmConsumerErrors + "-" + n, description: "Consumer function " + n + " failed whole batches" + text.batchesFailed,
+			metric: fn.MetricErrors(minutes(5)), threshold: th.ConsumerErrors, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
+		{name: AlarmConsumerThrottles + "-" + n, description: "Consumer function " + n + " was throttled " + text.throttled,
+			metric: fn.MetricThrottles(minutes(5)), threshold: th.ConsumerThrottles, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
+	}
 }
 
 // newAlarms creates the alarm topic and every alarm; each alarm notifies the
@@ -184,22 +209,14 @@ func newAlarms(stack awscdk.Stack, cfg Config, p *Pipeline) {
 	}
 	for _, cr := range p.Consumers {
 		n := cr.Consumer.Name
+		// A throttled SQS invocation puts its batch back for a visibility
+		// timeout and still counts a receive: enough of them dead-letter
+		// healthy messages (maxReceiveCount).
+		specs = append(specs, consumerAlarms(cfg, n, cr.Function, consumerTexts{
+			failures:  "retried by SQS, then dead-lettered",
+			throttled: "(account or function concurrency exhausted): its messages wait a visibility timeout and use up receives toward the DLQ",
+		})...)
 		specs = append(specs,
-			// Consumers emit lag only with the batches they process. One
-			// datapoint over 5 minutes fires, so a consumer that sees one late
-			// batch an hour alarms too; no batches = no lag (NOT_BREACHING: a
-			// stuck consumer shows in the queue age alarm).
-			alarmSpec{name: AlarmConsumerLag + "-" + n, description: "Consumer " + n + " processed an event later than the threshold after it occurred",
-				metric: consumerMetric(cfg, n, MetricConsumerLagSeconds, "Maximum", 300), threshold: th.ConsumerLagSeconds, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
-			alarmSpec{name: AlarmConsumerFailures + "-" + n, description: "Consumer " + n + " failed records (retried by SQS, then dead-lettered)",
-				metric: consumerMetric(cfg, n, MetricFailures, "Sum", 300), threshold: th.ConsumerFailures, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
-			alarmSpec{name: AlarmConsumerErrors + "-" + n, description: "Consumer function " + n + " failed whole batches",
-				metric: cr.Function.MetricErrors(minutes(5)), threshold: th.ConsumerErrors, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
-			// A throttled SQS invocation puts its batch back for a visibility
-			// timeout and still counts a receive: enough of them dead-letter
-			// healthy messages (maxReceiveCount).
-			alarmSpec{name: AlarmConsumerThrottles + "-" + n, description: "Consumer function " + n + " was throttled (account or function concurrency exhausted): its messages wait a visibility timeout and use up receives toward the DLQ",
-				metric: cr.Function.MetricThrottles(minutes(5)), threshold: th.ConsumerThrottles, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
 			// Idle queues emit no SQS metrics: missing = nothing waiting.
 			alarmSpec{name: AlarmQueueAge + "-" + n, description: "Queue " + cfg.ResourceName(cr.Consumer.QueueName()) + " holds a message older than the threshold",
 				metric:    maximum(cr.Queue.MetricApproximateAgeOfOldestMessage, 1),
@@ -214,18 +231,15 @@ func newAlarms(stack awscdk.Stack, cfg Config, p *Pipeline) {
 	}
 	for _, bc := range p.BrokerConsumers {
 		n := bc.Name
+		// A failed invocation makes Lambda's RabbitMQ event source
+		// redeliver the whole batch: the inbox drops what was applied, but a
+		// function that keeps failing stops the queue.
+		specs = append(specs, consumerAlarms(cfg, n, bc.Function, consumerTexts{
+			failures:      "sent to its retry queues, then dead-lettered",
+			batchesFailed: " (Lambda redelivers them; the queue does not advance while it keeps failing)",
+			throttled:     "(account concurrency exhausted): its queue waits",
+		})...)
 		specs = append(specs,
-			alarmSpec{name: AlarmConsumerLag + "-" + n, description: "Consumer " + n + " processed an event later than the threshold after it occurred",
-				metric: consumerMetric(cfg, n, MetricConsumerLagSeconds, "Maximum", 300), threshold: th.ConsumerLagSeconds, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
-			alarmSpec{name: AlarmConsumerFailures + "-" + n, description: "Consumer " + n + " failed records (sent to its retry queues, then dead-lettered)",
-				metric: consumerMetric(cfg, n, MetricFailures, "Sum", 300), threshold: th.ConsumerFailures, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
-			// A failed invocation makes Lambda's RabbitMQ event source
-			// redeliver the whole batch: the inbox drops what was applied,
-			// but a function that keeps failing stops the queue.
-			alarmSpec{name: AlarmConsumerErrors + "-" + n, description: "Consumer function " + n + " failed whole batches (Lambda redelivers them; the queue does not advance while it keeps failing)",
-				metric: bc.Function.MetricErrors(minutes(5)), threshold: th.ConsumerErrors, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
-			alarmSpec{name: AlarmConsumerThrottles + "-" + n, description: "Consumer function " + n + " was throttled (account concurrency exhausted): its queue waits",
-				metric: bc.Function.MetricThrottles(minutes(5)), threshold: th.ConsumerThrottles, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
 			// Amazon MQ reports queue figures every minute; missing data means
 			// the broker is not reporting, which the other alarms cover.
 			alarmSpec{name: AlarmBrokerQueue + "-" + n, description: "RabbitMQ queue " + bc.Queue + " holds more ready messages than the threshold for 5 minutes: consumer " + n + " is not keeping up, or its event source is disabled",

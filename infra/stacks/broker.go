@@ -177,9 +177,10 @@ func transportName(cfg Config) string {
 
 // brokerAccess returns the environment every function of a broker
 // deployment gets (what lambdafn.BrokerEnv reads: the transport, its URL
-// without credentials, the topology's JSON, the secret's ARN) and a
-// function letting a role read the broker's secret. Empty for SNS.
-func brokerAccess(stack awscdk.Stack, cfg Config, net *Network) (map[string]*string, func(awsiam.Role)) {
+// without credentials, the topology's JSON, the secret's ARN), a function
+// letting a role read the broker's secret, and the topology read from its
+// file. Empty for SNS.
+func brokerAccess(stack awscdk.Stack, cfg Config, net *Network) (map[string]*string, func(awsiam.Role), LoadedTopology) {
 	switch cfg.Transport {
 	case TransportRabbitMQ:
 		top, _ := LoadTopologyFile("amqpTopology", cfg.AMQP.TopologyFile) // checked by Validate
@@ -190,7 +191,7 @@ func brokerAccess(stack awscdk.Stack, cfg Config, net *Network) (map[string]*str
 			"FIFOBOX_AMQP_TOPOLOGY":   jsii.String(top.JSON),
 			"FIFOBOX_AMQP_SECRET_ARN": b.Secret.SecretArn(),
 		}
-		return env, func(r awsiam.Role) { b.Secret.GrantRead(r, nil) }
+		return env, func(r awsiam.Role) { b.Secret.GrantRead(r, nil) }, top
 	case TransportNATS:
 		top, _ := LoadTopologyFile("natsTopology", cfg.NATS.TopologyFile)
 		env := map[string]*string{
@@ -199,24 +200,23 @@ func brokerAccess(stack awscdk.Stack, cfg Config, net *Network) (map[string]*str
 			"FIFOBOX_NATS_TOPOLOGY": jsii.String(top.JSON),
 		}
 		if cfg.NATS.SecretArn == "" {
-			return env, func(awsiam.Role) {}
+			return env, func(awsiam.Role) {}, top
 		}
 		secret := awssecretsmanager.Secret_FromSecretCompleteArn(stack, jsii.String("NatsSecret"), jsii.String(cfg.NATS.SecretArn))
 		env["FIFOBOX_NATS_SECRET_ARN"] = secret.SecretArn()
-		return env, func(r awsiam.Role) { secret.GrantRead(r, nil) }
+		return env, func(r awsiam.Role) { secret.GrantRead(r, nil) }, top
 	}
-	return nil, func(awsiam.Role) {}
+	return nil, func(awsiam.Role) {}, LoadedTopology{}
 }
 
 // newBrokerConsumers creates, per consumer of the RabbitMQ topology, its
 // function (in the VPC, reaching the database like every function and the
 // broker for retries and dead letters) on an Amazon MQ event source reading
 // its queue with the broker's secret.
-func newBrokerConsumers(stack awscdk.Stack, cfg Config, net *Network, p *Pipeline,
+func newBrokerConsumers(stack awscdk.Stack, cfg Config, net *Network, p *Pipeline, consumers []AMQPConsumer,
 	common func(string, map[string]*string) *map[string]*string, brokerEnv map[string]*string, grantBroker func(awsiam.Role)) {
-	top, _ := LoadTopologyFile("amqpTopology", cfg.AMQP.TopologyFile)
 	b := net.Broker
-	for _, c := range top.Consumers {
+	for _, c := range consumers {
 		env := map[string]*string{
 			"FIFOBOX_CONSUMER_NAME":     jsii.String(c.Name),
 			"FIFOBOX_METRICS_NAMESPACE": jsii.String(cfg.Namespace()),

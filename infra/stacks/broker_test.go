@@ -92,9 +92,10 @@ func brokerStacks(t *testing.T, variant string) *synthesised {
 	return &v.s
 }
 
-// fnsByEnv maps the functions of a template by role, as functions() does,
-// for any transport: dispatcher (FIFOBOX_METRICS_NAMESPACE without a
-// consumer), migration, redrive, consumer:<name>.
+// fnsByEnv maps the functions of a template by role, for any transport,
+// recognised by their environment: migration (the database secret),
+// redrive (a default operation), consumer:<name>, and dispatcher (metrics
+// without a consumer name).
 func fnsByEnv(tpl template) map[string]resource {
 	out := map[string]resource{}
 	for _, f := range tpl.resources("AWS::Lambda::Function") {

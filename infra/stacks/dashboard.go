@@ -3,6 +3,7 @@ package stacks
 import (
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awscloudwatch"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
 	"github.com/aws/aws-cdk-go/awscdk/v2/interfaces/interfacesawscloudwatch"
 	"github.com/aws/jsii-runtime-go"
 )
@@ -56,10 +57,7 @@ func newDashboard(stack awscdk.Stack, cfg Config, p *Pipeline) {
 	for _, cr := range p.Consumers {
 		n := cr.Consumer.Name
 		widgets = append(widgets, row(
-			graph(n+": lag (s)", 6, []awscloudwatch.IMetric{consumerMetric(cfg, n, MetricConsumerLagSeconds, "Maximum", 60)}, jsii.Number(th.ConsumerLagSeconds)),
-			graph(n+": processed / duplicates / failures / errors / throttles", 6, []awscloudwatch.IMetric{
-				consumerMetric(cfg, n, MetricProcessed, "Sum", 60), consumerMetric(cfg, n, MetricDuplicates, "Sum", 60),
-				consumerMetric(cfg, n, MetricFailures, "Sum", 60), cr.Function.MetricErrors(minutes(1)), cr.Function.MetricThrottles(minutes(1))}, nil),
+			consumerLagGraph(cfg, n), consumerOutcomesGraph(cfg, n, cr.Function),
 			graph(n+": oldest message age (s)", 6, []awscloudwatch.IMetric{
 				cr.Queue.MetricApproximateAgeOfOldestMessage(&awscloudwatch.MetricOptions{Statistic: jsii.String("Maximum")})}, jsii.Number(th.QueueOldestMessageAgeSeconds)),
 			graph(n+": DLQ / subscription DLQ messages", 6, []awscloudwatch.IMetric{
@@ -70,10 +68,7 @@ func newDashboard(stack awscdk.Stack, cfg Config, p *Pipeline) {
 	for _, bc := range p.BrokerConsumers {
 		n := bc.Name
 		widgets = append(widgets, row(
-			graph(n+": lag (s)", 6, []awscloudwatch.IMetric{consumerMetric(cfg, n, MetricConsumerLagSeconds, "Maximum", 60)}, jsii.Number(th.ConsumerLagSeconds)),
-			graph(n+": processed / duplicates / failures / errors / throttles", 6, []awscloudwatch.IMetric{
-				consumerMetric(cfg, n, MetricProcessed, "Sum", 60), consumerMetric(cfg, n, MetricDuplicates, "Sum", 60),
-				consumerMetric(cfg, n, MetricFailures, "Sum", 60), bc.Function.MetricErrors(minutes(1)), bc.Function.MetricThrottles(minutes(1))}, nil),
+			consumerLagGraph(cfg, n), consumerOutcomesGraph(cfg, n, bc.Function),
 			graph(n+": queue ready / unacknowledged", 6, []awscloudwatch.IMetric{
 				brokerQueueMetric(cfg, p, bc.Queue, "MessageReadyCount", 1), brokerQueueMetric(cfg, p, bc.Queue, "MessageUnacknowledgedCount", 1)}, jsii.Number(th.BrokerQueueReadyMessages)),
 			graph(n+": DLQ messages", 6, []awscloudwatch.IMetric{brokerQueueMetric(cfg, p, bc.DLQ, "MessageCount", 1)}, jsii.Number(th.DLQVisibleMessages)),
@@ -95,4 +90,16 @@ func deliveryWidget(p *Pipeline) awscloudwatch.IWidget {
 	return graph("SNS deliveries failed / lost (not redriven to a DLQ)", 6, []awscloudwatch.IMetric{
 		p.Topic.MetricNumberOfNotificationsFailed(minutes(5)),
 		p.Topic.Metric(jsii.String("NumberOfNotificationsFailedToRedriveToDlq"), minutes(5))}, nil)
+}
+
+// consumerLagGraph and consumerOutcomesGraph are the first two graphs of
+// every consumer's row, whatever feeds it.
+func consumerLagGraph(cfg Config, n string) awscloudwatch.IWidget {
+	return graph(n+": lag (s)", 6, []awscloudwatch.IMetric{consumerMetric(cfg, n, MetricConsumerLagSeconds, "Maximum", 60)}, jsii.Number(cfg.Thresholds.ConsumerLagSeconds))
+}
+
+func consumerOutcomesGraph(cfg Config, n string, fn awslambda.Function) awscloudwatch.IWidget {
+	return graph(n+": processed / duplicates / failures / errors / throttles", 6, []awscloudwatch.IMetric{
+		consumerMetric(cfg, n, MetricProcessed, "Sum", 60), consumerMetric(cfg, n, MetricDuplicates, "Sum", 60),
+		consumerMetric(cfg, n, MetricFailures, "Sum", 60), fn.MetricErrors(minutes(1)), fn.MetricThrottles(minutes(1))}, nil)
 }

@@ -239,20 +239,7 @@ func localStack(t *testing.T) template {
 // "consumer:<name>", recognised by their environment.
 func functions(t *testing.T, tpl template) map[string]resource {
 	t.Helper()
-	out := map[string]resource{}
-	for _, f := range tpl.resources("AWS::Lambda::Function") {
-		env, _ := dig(f.Props, "Environment", "Variables").(map[string]any)
-		switch {
-		case env["FIFOBOX_TOPIC_ARN"] != nil:
-			out["dispatcher"] = f
-		case env["FIFOBOX_DB_SECRET_ARN"] != nil:
-			out["migration"] = f
-		case env["FIFOBOX_DEFAULT_OPERATION"] != nil:
-			out["redrive"] = f
-		case env["FIFOBOX_CONSUMER_NAME"] != nil:
-			out["consumer:"+env["FIFOBOX_CONSUMER_NAME"].(string)] = f
-		}
-	}
+	out := fnsByEnv(tpl)
 	want := 2 + len(topology.Default().Consumers)
 	if _, ok := out["migration"]; ok {
 		want++

@@ -269,10 +269,10 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 		}
 
 	}
-	brokerEnv, grantBroker := brokerAccess(stack, cfg, net)
+	brokerEnv, grantBroker, brokerTop := brokerAccess(stack, cfg, net)
 	if cfg.Transport == TransportRabbitMQ {
 		p.BrokerName = net.Broker.Name
-		newBrokerConsumers(stack, cfg, net, p, common, brokerEnv, grantBroker)
+		newBrokerConsumers(stack, cfg, net, p, brokerTop.Consumers, common, brokerEnv, grantBroker)
 	}
 
 	// Dispatcher: polls the outbox inside each invocation until shortly before

@@ -100,7 +100,11 @@ type LoadedTopology struct {
 	Consumers []AMQPConsumer
 }
 
-var consumerName = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+var (
+	consumerName = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+	// validUsername: Amazon MQ user names, as this stack passes them on.
+	validUsername = regexp.MustCompile(`^[A-Za-z0-9_.~-]{1,100}$`)
+)
 
 // LoadTopologyFile reads a broker topology file for context key key.
 func LoadTopologyFile(key, path string) (LoadedTopology, error) {
@@ -179,7 +183,7 @@ func (c Config) validateTransport() error {
 		default:
 			return fmt.Errorf("context amqpDeploymentMode %q: CLUSTER_MULTI_AZ or SINGLE_INSTANCE", a.DeploymentMode)
 		}
-		if !regexp.MustCompile(`^[A-Za-z0-9_.~-]{1,100}$`).MatchString(a.Username) {
+		if !validUsername.MatchString(a.Username) {
 			return fmt.Errorf("context amqpUsername %q: letters, digits and -_.~ only", a.Username)
 		}
 		if len(c.Prefix)+len("-broker") > 50 {

@@ -221,12 +221,16 @@ func (b Broker) Operations(log *slog.Logger) (transport.Operations, func() error
 // declarations of exchanges, queues, streams and consumers), which the
 // operations function runs with migrate, so a deploy leaves the broker
 // ready before any consumer or the schedule starts.
-func (b Broker) Provisioner() (transport.Provisioner, error) {
+func (b Broker) Provisioner(log *slog.Logger) (transport.Provisioner, error) {
 	switch b.Kind {
 	case transport.RabbitMQ:
-		return amqp.NewProvisioner(b.AMQP)
+		c := b.AMQP
+		c.Logger = log
+		return amqp.NewProvisioner(c)
 	case transport.NATS:
-		return natsbus.NewProvisioner(b.NATS)
+		c := b.NATS
+		c.Logger = log
+		return natsbus.NewProvisioner(c)
 	}
 	return nil, fmt.Errorf("broker provisioner: transport %s has none here", b.Kind)
 }

@@ -109,17 +109,7 @@ func viaSQL(t testing.TB, pool *pgxpool.Pool, e envelope.Envelope) verdict {
 		e.AggregateType, e.AggregateID, e.Type, string(e.Payload), e.ID, e.OccurredAt,
 		e.TenantID, e.CorrelationID, e.CausationID, e.TraceParent, e.TraceState, int64(e.SchemaVersion)).Scan(&id, &seq)
 	if err != nil {
-		var pe *pgconn.PgError
-		if !errors.As(err, &pe) {
-			t.Fatalf("fifobox_enqueue: %v", err)
-		}
-		if kind, ok := sqlKinds[pe.Code]; ok {
-			if !strings.Contains(pe.Message, pe.ColumnName) {
-				t.Errorf("message %q does not name the field %q", pe.Message, pe.ColumnName)
-			}
-			return verdict{Field: pe.ColumnName, Kind: kind}
-		}
-		return verdict{PGType: pe.Code}
+		return sqlRejection(t, "fifobox_enqueue", err)
 	}
 	rows, err := readStored(ctx, tx)
 	if err != nil || len(rows) != 1 {
@@ -129,6 +119,24 @@ func viaSQL(t testing.TB, pool *pgxpool.Pool, e envelope.Envelope) verdict {
 		t.Errorf("fifobox_enqueue returned (%s, %d), stored (%s, %d)", id, seq, rows[0].EventID, rows[0].Seq)
 	}
 	return verdict{Row: rows[0]}
+}
+
+// sqlRejection is the verdict of a SQL enqueue that failed: the field and
+// kind of a validation error (whose message must name the field), or the
+// SQLSTATE of any other.
+func sqlRejection(t testing.TB, fn string, err error) verdict {
+	t.Helper()
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		t.Fatalf("%s: %v", fn, err)
+	}
+	if kind, ok := sqlKinds[pe.Code]; ok {
+		if !strings.Contains(pe.Message, pe.ColumnName) {
+			t.Errorf("%s: message %q does not name the field %q", fn, pe.Message, pe.ColumnName)
+		}
+		return verdict{Field: pe.ColumnName, Kind: kind}
+	}
+	return verdict{PGType: pe.Code}
 }
 
 // viaSQLBatch enqueues e with fifobox_enqueue_batch, as a one-event JSON
@@ -155,14 +163,7 @@ func viaSQLBatch(t testing.TB, pool *pgxpool.Pool, e envelope.Envelope) verdict 
 	}
 	b.WriteString(`,"payload":` + string(e.Payload) + `}]`)
 	if _, err := tx.Exec(ctx, `SELECT fifobox_enqueue_batch($1::json)`, b.String()); err != nil {
-		var pe *pgconn.PgError
-		if !errors.As(err, &pe) {
-			t.Fatalf("fifobox_enqueue_batch: %v", err)
-		}
-		if kind, ok := sqlKinds[pe.Code]; ok {
-			return verdict{Field: pe.ColumnName, Kind: kind}
-		}
-		return verdict{PGType: pe.Code}
+		return sqlRejection(t, "fifobox_enqueue_batch", err)
 	}
 	rows, err := readStored(ctx, tx)
 	if err != nil || len(rows) != 1 {

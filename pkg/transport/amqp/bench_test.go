@@ -17,6 +17,7 @@ import (
 	"github.com/fifobox/fifobox/internal/pgtest"
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
+	"github.com/fifobox/fifobox/pkg/outbox/outboxtest"
 	"github.com/fifobox/fifobox/pkg/transport/amqp"
 	"github.com/fifobox/fifobox/pkg/transport/amqp/amqptest"
 )
@@ -87,35 +88,11 @@ func BenchmarkThroughRabbitMQ(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer pub.Close()
-			var next sync.Mutex
-			pos := 0
-			var wg sync.WaitGroup
 			b.ResetTimer()
-			start := time.Now()
-			for w := 0; w < benchConcurrency; w++ {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for {
-						next.Lock()
-						lo := pos
-						pos = min(pos+benchBatch, len(msgs))
-						hi := pos
-						next.Unlock()
-						if lo >= hi {
-							return
-						}
-						for _, err := range pub.Publish(context.Background(), msgs[lo:hi]) {
-							if err != nil {
-								b.Error(err)
-								return
-							}
-						}
-					}
-				}()
+			r, err := outboxtest.Drive(context.Background(), pub, msgs, benchConcurrency, benchBatch)
+			if err != nil {
+				b.Fatal(err)
 			}
-			wg.Wait()
-			r := float64(b.N) / time.Since(start).Seconds()
 			b.StopTimer()
 			purge(b, v.URL, topo)
 			alone = max(alone, r)

@@ -16,6 +16,7 @@ import (
 	"github.com/fifobox/fifobox/internal/pgtest"
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
+	"github.com/fifobox/fifobox/pkg/outbox/outboxtest"
 	natsbus "github.com/fifobox/fifobox/pkg/transport/nats"
 )
 
@@ -90,7 +91,10 @@ func BenchmarkThroughNATS(b *testing.B) {
 				b.Fatal(err)
 			}
 			b.ResetTimer()
-			r := publisherRound(b, pub, msgs[1:])
+			r, err := outboxtest.Drive(context.Background(), pub, msgs[1:], benchConcurrency, benchBatch)
+			if err != nil {
+				b.Fatal(err)
+			}
 			b.StopTimer()
 			purge(b, cfg)
 			pubOnly = max(pubOnly, r)
@@ -232,38 +236,6 @@ func dispatchRound(b *testing.B, name string, cfg natsbus.Config, pub outbox.Pub
 		b.ReportMetric(r, "events/s")
 	})
 	return rate
-}
-
-// publisherRound is rawRound through the Publisher.
-func publisherRound(b *testing.B, pub *natsbus.Publisher, msgs []outbox.Message) float64 {
-	var next sync.Mutex
-	pos := 0
-	var wg sync.WaitGroup
-	start := time.Now()
-	for w := 0; w < benchConcurrency; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				next.Lock()
-				lo := pos
-				pos = min(pos+benchBatch, len(msgs))
-				hi := pos
-				next.Unlock()
-				if lo >= hi {
-					return
-				}
-				for _, err := range pub.Publish(context.Background(), msgs[lo:hi]) {
-					if err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	return float64(len(msgs)) / time.Since(start).Seconds()
 }
 
 // purge empties the stream between rounds, so no round pays for another's
