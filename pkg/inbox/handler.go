@@ -236,6 +236,9 @@ func (h *Handler) logAttrs(r msg, more ...any) []any {
 // the savepoint and the record's inbox claim go to PostgreSQL in one round
 // trip, and one COMMIT covers the batch, so a record costs two round trips
 // (claim, side effect) instead of four (begin, claim, side effect, commit).
+// In strict order the batch's holds are read in the first record's round
+// trip, before its claim counts: if its own group is held, the claim is
+// rolled back to the record's savepoint and the record is held instead.
 // A failed record rolls back to its own savepoint only, and a side effect
 // that leaves the transaction aborted fails its record. If the COMMIT fails,
 // nothing of the batch was applied or held and every record is reported
@@ -256,16 +259,26 @@ func (h *Handler) Handle(ctx context.Context, ev events.SQSEvent) (events.SQSEve
 		m.Failures[class]++
 	}
 	recs := decodeRecords(ev.Records)
+	// Strict order reads the batch's holds before the first record runs.
+	// Usually (no record on its last receive, a valid first record) the
+	// read rides in the first record's round trip (see claimReadingHolds);
+	// otherwise it is a round trip of its own before the transaction.
 	var holds *holdSet
+	var plan holdPlan
+	speculate := false
 	if h.cfg.Order == OrderStrict && len(recs) > 0 {
-		var err error
-		if holds, err = h.loadHolds(ctx, recs); err != nil {
-			h.log.Warn("inbox: reading held groups failed; the batch will be delivered again", "consumer", h.cfg.Consumer, "error", err.Error())
-			for _, r := range recs {
-				fail(r, ClassTransient)
+		plan = h.planHolds(recs)
+		speculate = len(plan.pg) == 0 && recs[0].badErr == nil
+		if !speculate {
+			var err error
+			if holds, err = h.loadHolds(ctx, plan); err != nil {
+				h.log.Warn("inbox: reading held groups failed; the batch will be delivered again", "consumer", h.cfg.Consumer, "error", err.Error())
+				for _, r := range recs {
+					fail(r, ClassTransient)
+				}
+				h.finish(m)
+				return resp, nil
 			}
-			h.finish(m)
-			return resp, nil
 		}
 	}
 	var stopAt time.Time
@@ -294,21 +307,51 @@ func (h *Handler) Handle(ctx context.Context, ev events.SQSEvent) (events.SQSEve
 				m.MaxLag = lag
 			}
 		}
-		if head, held := holds.blocked(r.group, r.key); held {
-			if err := h.hold(ctx, &b, r, head); err != nil {
-				failedGroups[r.group] = true
-				fail(r, ClassTransient)
-				h.log.Warn("inbox: holding record failed; will retry", h.logAttrs(r, "error", err.Error())...)
+		var (
+			class     string
+			head, dup bool
+			done      bool // the record ran in the speculative path
+			err       error
+		)
+		if speculate && i == 0 {
+			hs, claimed, cerr := h.claimReadingHolds(ctx, &b, r, plan)
+			if cerr != nil {
+				// As when the holds cannot be read up front: the claim was
+				// rolled back and nothing of the batch ran.
+				h.log.Warn("inbox: reading held groups failed; the batch will be delivered again", "consumer", h.cfg.Consumer, "error", cerr.Error())
+				for _, r := range recs {
+					fail(r, ClassTransient)
+				}
+				h.finish(m)
+				return resp, nil
+			}
+			holds = hs
+			if _, held := holds.head(r.group); !held {
+				class, dup, err = h.applyClaimed(r.e.ContextWithTrace(ctx), &b, r, false, claimed)
+				done = true
+			} else {
+				// Its group is held: the claim must not stand. Back to the
+				// record's savepoint, then the usual path with the holds.
+				b.undo(ctx)
+			}
+		}
+		if !done {
+			if head, held := holds.blocked(r.group, r.key); held {
+				if err := h.hold(ctx, &b, r, head); err != nil {
+					failedGroups[r.group] = true
+					fail(r, ClassTransient)
+					h.log.Warn("inbox: holding record failed; will retry", h.logAttrs(r, "error", err.Error())...)
+					continue
+				}
+				holds.add(r.group, heldRow{key: r.key, eventID: r.e.ID, seq: r.e.Sequence, class: ClassHeld})
+				m.Failures[ClassHeld]++
 				continue
 			}
-			holds.add(r.group, heldRow{key: r.key, eventID: r.e.ID, seq: r.e.Sequence, class: ClassHeld})
-			m.Failures[ClassHeld]++
-			continue
+			head = holds.isHead(r.group, r.key)
+			class, dup, err = h.record(ctx, &b, r, head)
 		}
-		isHead := holds.isHead(r.group, r.key)
-		class, dup, err := h.record(ctx, &b, r, isHead)
 		if err == nil {
-			if isHead {
+			if head {
 				holds.pop(r.group)
 			}
 			if dup {
@@ -370,6 +413,49 @@ func (h *Handler) record(ctx context.Context, b *batchTx, r msg, release bool) (
 	if err != nil {
 		return ClassTransient, false, err
 	}
+	return h.applyClaimed(ctx, b, r, release, claimed)
+}
+
+// claimReadingHolds starts the batch transaction and claims its first
+// record, r, asking in the same round trip whether any of the batch's
+// groups is held, so strict order costs no round trip of its own in a batch
+// that needs no pre-holds (the held rows, when there are any, take one
+// more).
+// The claim is speculative: if r's own group turns out to be held the
+// caller rolls it back (batchTx.undo) before anything else runs.
+func (h *Handler) claimReadingHolds(ctx context.Context, b *batchTx, r msg, p holdPlan) (*holdSet, bool, error) {
+	if err := b.begin(ctx, h.db); err != nil {
+		return nil, false, err
+	}
+	// Whether any of the batch's groups is held (almost never) is cheap to
+	// plan; the rows are read only when one is, in a round trip of its own.
+	var held bool
+	read := func(br pgx.BatchResults) error { return br.QueryRow().Scan(&held) }
+	tag, err := b.runReading(r.e.ContextWithTrace(ctx), true, &pgx.QueuedQuery{SQL: sqlAnyHeld, Arguments: []any{h.cfg.Consumer, p.groups}}, read,
+		&pgx.QueuedQuery{SQL: sqlClaim, Arguments: []any{h.cfg.Consumer, r.e.ID, r.e.AggregateType, r.e.AggregateID, r.e.Sequence}})
+	if err != nil {
+		return nil, false, fmt.Errorf("inbox claim with holds: %w", err)
+	}
+	holds := &holdSet{rows: map[string][]heldRow{}, more: map[string]bool{}}
+	if held {
+		batch := &pgx.Batch{}
+		batch.Queue(sqlLoadHolds, h.cfg.Consumer, p.groups, p.limit)
+		br := b.tx.SendBatch(ctx, batch)
+		holds, err = scanHolds(br, p.limit)
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return nil, false, err
+		}
+	}
+	return holds, tag.RowsAffected() == 1, nil
+}
+
+// applyClaimed runs r's side effect after its claim (claimed false: the
+// event was applied before, nothing runs) and releases its held row if
+// release; see record. ctx carries r's trace (ContextWithTrace).
+func (h *Handler) applyClaimed(ctx context.Context, b *batchTx, r msg, release, claimed bool) (class string, dup bool, err error) {
 	if claimed {
 		err = func() (err error) {
 			defer func() {
@@ -435,6 +521,13 @@ func (b *batchTx) begin(ctx context.Context, db DB) error {
 // last statement's tag. On error it rolls back to the running record's
 // savepoint.
 func (b *batchTx) run(ctx context.Context, newRecord bool, stmts ...*pgx.QueuedQuery) (pgconn.CommandTag, error) {
+	return b.runReading(ctx, newRecord, nil, nil, stmts...)
+}
+
+// runReading is run with one query first (if query is not nil) whose rows
+// read consumes, in the same round trip.
+func (b *batchTx) runReading(ctx context.Context, newRecord bool, query *pgx.QueuedQuery, read func(pgx.BatchResults) error,
+	stmts ...*pgx.QueuedQuery) (pgconn.CommandTag, error) {
 	batch := &pgx.Batch{}
 	if newRecord {
 		if b.current != "" {
@@ -444,6 +537,10 @@ func (b *batchTx) run(ctx context.Context, newRecord bool, stmts ...*pgx.QueuedQ
 		b.current = "fifobox_record_" + strconv.Itoa(b.n)
 		batch.Queue("SAVEPOINT " + b.current)
 	}
+	before := batch.Len()
+	if query != nil {
+		batch.Queue(query.SQL, query.Arguments...)
+	}
 	for _, q := range stmts {
 		batch.Queue(q.SQL, q.Arguments...)
 	}
@@ -451,6 +548,10 @@ func (b *batchTx) run(ctx context.Context, newRecord bool, stmts ...*pgx.QueuedQ
 	var tag pgconn.CommandTag
 	var err error
 	for i := 0; i < batch.Len() && err == nil; i++ {
+		if i == before && query != nil {
+			err = read(br)
+			continue
+		}
 		tag, err = br.Exec()
 	}
 	if cerr := br.Close(); err == nil {

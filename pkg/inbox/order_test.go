@@ -266,3 +266,108 @@ func TestHandlerLogsNoAggregateIDsByDefault(t *testing.T) {
 		})
 	}
 }
+
+// Strict order reads the batch's holds before any record counts: in the
+// first record's round trip when no pre-holds are due and the first record
+// is valid, otherwise in a round trip of its own. Either way, if the read
+// fails nothing of the batch is applied, claimed or held, every record is
+// reported failed, and the redelivery applies each once.
+func TestStrictOrderHoldsReadFailureFailsTheBatch(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		first func(a envelope.Envelope) events.SQSMessage
+	}{
+		{"read with the first record's claim", func(a envelope.Envelope) events.SQSMessage { return sqsRecord("m1", a, 1) }},
+		{"read before the transaction (first record invalid)", func(envelope.Envelope) events.SQSMessage {
+			return events.SQSMessage{MessageId: "m1", Body: `{"not":"an envelope"}`, Attributes: map[string]string{"MessageGroupId": "A"}}
+		}},
+		{"read before the transaction (pre-hold due)", func(a envelope.Envelope) events.SQSMessage { return sqsRecord("m1", a, 5) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			db := newDB(t)
+			ctx := context.Background()
+			dlq := &fakeDLQ{}
+			h, err := inbox.NewHandler(db.Pool, dlq, record, inbox.HandlerConfig{Consumer: "c", DLQURL: "d", MaxReceiveCount: 5})
+			if err != nil {
+				t.Fatal(err)
+			}
+			a1, b1 := ev("A", 1), ev("B", 1)
+			batch := []events.SQSMessage{tc.first(a1), sqsRecord("m2", b1, 1)}
+			if _, err := db.Pool.Exec(ctx, `ALTER TABLE inbox_held RENAME TO inbox_held_away`); err != nil {
+				t.Fatal(err)
+			}
+			if f := handle(t, h, batch...); len(f) != 2 {
+				t.Fatalf("failed %v, want both records (the holds could not be read)", f)
+			}
+			var claims int
+			if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM inbox`).Scan(&claims); err != nil {
+				t.Fatal(err)
+			}
+			if n := countEffects(t, db, a1.ID) + countEffects(t, db, b1.ID); n != 0 || claims != 0 || len(dlq.sent) != 0 {
+				t.Fatalf("after a failed holds read: %d side effects, %d inbox rows, %d dead-lettered; want none", n, claims, len(dlq.sent))
+			}
+			if _, err := db.Pool.Exec(ctx, `ALTER TABLE inbox_held_away RENAME TO inbox_held`); err != nil {
+				t.Fatal(err)
+			}
+			if f := handle(t, h, batch...); len(f) != 0 {
+				t.Fatalf("redelivery failed %v", f)
+			}
+			if n := countEffects(t, db, b1.ID); n != 1 {
+				t.Fatalf("B/1 applied %d times, want 1", n)
+			}
+		})
+	}
+}
+
+// The first record of a batch is claimed in the same round trip that reads
+// the holds; when its own group turns out to be held, that claim must not
+// stand: the record is held behind the group's dead-lettered head, leaves
+// no inbox row, and is applied once after redrive.
+func TestStrictOrderSpeculativeClaimOfAHeldGroupIsUndone(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	ctx := context.Background()
+	var broken atomic.Bool
+	broken.Store(true)
+	apply := func(ctx context.Context, tx pgx.Tx, e envelope.Envelope) error {
+		if e.AggregateID == "P" && e.Sequence == 1 && broken.Load() {
+			return inbox.Permanent(errors.New("cannot apply yet"))
+		}
+		return record(ctx, tx, e)
+	}
+	dlq := &fakeDLQ{}
+	h, err := inbox.NewHandler(db.Pool, dlq, apply, inbox.HandlerConfig{Consumer: "c", DLQURL: "d"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p1, p2, q1 := ev("P", 1), ev("P", 2), ev("Q", 1)
+	if f := handle(t, h, sqsRecord("m1", p1, 1)); len(f) != 0 {
+		t.Fatalf("failed %v", f)
+	}
+	// P/2 first in its batch: claimed speculatively, then held.
+	if f := handle(t, h, sqsRecord("m2", p2, 1), sqsRecord("m3", q1, 1)); len(f) != 0 {
+		t.Fatalf("failed %v", f)
+	}
+	var p2Claims int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE event_id = $1`, p2.ID).Scan(&p2Claims); err != nil {
+		t.Fatal(err)
+	}
+	if p2Claims != 0 || countEffects(t, db, p2.ID) != 0 || heldRows(t, db.Pool, "P") != 2 {
+		t.Fatalf("P/2 behind a held P/1: %d inbox rows, %d effects, %d held rows in P; want 0, 0, 2",
+			p2Claims, countEffects(t, db, p2.ID), heldRows(t, db.Pool, "P"))
+	}
+	if n := countEffects(t, db, q1.ID); n != 1 {
+		t.Fatalf("Q/1 applied %d times, want 1 (another group is not held)", n)
+	}
+	// Redrive in order: both applied once, the hold ends.
+	broken.Store(false)
+	if f := handle(t, h, sqsRecord("r1", p1, 1), sqsRecord("r2", p2, 1)); len(f) != 0 {
+		t.Fatalf("redrive failed %v", f)
+	}
+	if countEffects(t, db, p1.ID) != 1 || countEffects(t, db, p2.ID) != 1 || heldRows(t, db.Pool, "P") != 0 {
+		t.Fatalf("after redrive: P/1 %d, P/2 %d effects, %d held rows; want 1, 1, 0",
+			countEffects(t, db, p1.ID), countEffects(t, db, p2.ID), heldRows(t, db.Pool, "P"))
+	}
+}
