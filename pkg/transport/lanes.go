@@ -71,3 +71,8 @@ func LaneOf(key string, n int) int {
 	_, _ = h.Write([]byte(key))
 	return int(h.Sum32() % uint32(n))
 }
+
+// Queued is how many items wait on lane behind the one running: a lane's
+// work can gather them into one batch (the broker consumers apply a lane's
+// waiting messages in one transaction).
+func (l *Lanes) Queued(lane int) int { return len(l.queues[lane]) }

@@ -66,8 +66,7 @@ func Process(ctx context.Context, db inbox.DB, consumer string, body []byte, app
 
 // ProcessEnvelope is Process for an envelope the transport decoded already
 // (to route it by aggregate before applying it).
-func ProcessEnvelope(ctx context.Context, db inbox.DB, consumer string, e envelope.Envelope, apply inbox.Apply) (res Result) {
-	res.Envelope = e
+func ProcessEnvelope(ctx context.Context, db inbox.DB, consumer string, e envelope.Envelope, apply inbox.Apply) Result {
 	ctx = e.ContextWithTrace(ctx)
 	out, err := func() (out inbox.Outcome, err error) {
 		defer func() {
@@ -77,6 +76,20 @@ func ProcessEnvelope(ctx context.Context, db inbox.DB, consumer string, e envelo
 		}()
 		return inbox.Process(ctx, db, consumer, e, func(ctx context.Context, tx pgx.Tx) error { return apply(ctx, tx, e) })
 	}()
+	return verdict(e, out, err)
+}
+
+// ProcessInBatch is ProcessEnvelope inside b, a transaction shared with
+// other messages (inbox.Batch): an Ack verdict holds only once b commits,
+// and the transport must not settle the message before that.
+func ProcessInBatch(ctx context.Context, b *inbox.Batch, e envelope.Envelope, apply inbox.Apply) Result {
+	ctx = e.ContextWithTrace(ctx)
+	out, err := b.Apply(ctx, e, func(ctx context.Context, tx pgx.Tx) error { return apply(ctx, tx, e) })
+	return verdict(e, out, err)
+}
+
+func verdict(e envelope.Envelope, out inbox.Outcome, err error) (res Result) {
+	res.Envelope = e
 	switch {
 	case err == nil:
 		res.Verdict, res.Outcome = Ack, out

@@ -108,6 +108,7 @@ func (r *Runner) session(ctx context.Context) error {
 	}
 	lanes := transport.NewLanes(r.s.c.Workers, r.s.c.Prefetch)
 	defer lanes.Close()
+	batch := make([][]pending, lanes.Len()) // per lane; touched only by that lane's goroutine
 	var poisoned atomic.Bool
 	stuck := make(chan struct{}, 1)
 	for {
@@ -131,17 +132,20 @@ func (r *Runner) session(ctx context.Context) error {
 			}
 			d := fromAMQP(m)
 			err := lanes.Submit(ctx, d.key(), func(lane int) {
-				if err := r.s.handle(ctx, lane, d, &poisoned); err != nil {
+				// A lane's messages that are already waiting are applied in
+				// one transaction: gather until none is queued behind this
+				// one (or the batch is full), then apply and settle them.
+				batch[lane] = append(batch[lane], pending{d: d, ack: func() error { return m.Ack(false) }})
+				if lanes.Queued(lane) > 0 && len(batch[lane]) < r.s.cc.MaxBatch {
+					return
+				}
+				items := batch[lane]
+				batch[lane] = nil
+				if err := r.s.handleBatch(ctx, lane, items, &poisoned); err != nil {
 					select {
 					case stuck <- struct{}{}:
 					default:
 					}
-					return
-				}
-				if err := m.Ack(false); err != nil {
-					// The channel is gone: the message comes back, and the
-					// inbox knows it was applied.
-					poisoned.Store(true)
 				}
 			})
 			if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"strconv"
 	"strings"
@@ -47,8 +48,14 @@ type Settlement struct {
 type ConsumerConfig struct {
 	// Consumer is the topology consumer's name (its inbox key). Required.
 	Consumer string
-	// HandlerTimeout bounds applying and settling one message. Default 30s.
+	// HandlerTimeout bounds applying one message, and settling it (or
+	// committing and settling a Runner's batch). Default 30s.
 	HandlerTimeout time.Duration
+	// MaxBatch is the most messages a Runner's lane applies in one
+	// transaction (inbox.Batch): the lane's messages already waiting when it
+	// gets to them, so batches form only under load and add no delay.
+	// Default 16; 1 applies each message in its own transaction.
+	MaxBatch int
 	// OnSettle, if set, is called after each message is settled (metrics, tests).
 	OnSettle func(Settlement)
 	// LogAggregateIDs adds aggregate ids to logs (FIFOBOX_LOG_AGGREGATE_IDS);
@@ -106,6 +113,9 @@ func newSettler(cfg *Config, db inbox.DB, apply inbox.Apply, cc ConsumerConfig, 
 	}
 	if cc.HandlerTimeout == 0 {
 		cc.HandlerTimeout = 30 * time.Second
+	}
+	if cc.MaxBatch <= 0 {
+		cc.MaxBatch = 16
 	}
 	s := &settler{topo: &cfg.Topology, c: c, db: db, fn: apply, out: out, cc: cc, log: cfg.Logger,
 		park: make([]map[string]parked, c.Workers)}
@@ -170,9 +180,23 @@ func (s *settler) handle(ctx context.Context, lane int, d *delivery, poisoned *a
 }
 
 func (s *settler) settle(ctx context.Context, lane int, d *delivery, st *Settlement) error {
+	send := s.decide(lane, d, st, func() transport.Result { return transport.ProcessEnvelope(ctx, s.db, s.c.Name, d.env, s.fn) })
+	if send == nil {
+		return nil
+	}
+	return send(ctx)
+}
+
+// decide settles d on lane: it applies d with apply unless d is invalid or
+// waits behind its parked aggregate's head, records the action in st,
+// updates the lane's parked aggregates, and returns the publish d needs
+// before it may be acknowledged (to a delay queue or the DLQ), or nil.
+// Deciding before publishing lets a batch apply several messages, commit,
+// and only then publish and acknowledge them in order.
+func (s *settler) decide(lane int, d *delivery, st *Settlement, apply func() transport.Result) func(context.Context) error {
 	if d.decodeErr != nil {
 		st.Action, st.Class, st.Err = ActionDeadLetter, inbox.ClassInvalid, d.decodeErr
-		return s.deadLetter(ctx, d, inbox.ClassInvalid, d.decodeErr)
+		return func(ctx context.Context) error { return s.deadLetter(ctx, d, inbox.ClassInvalid, d.decodeErr) }
 	}
 	st.EventID = d.env.ID
 	key := d.key()
@@ -186,13 +210,11 @@ func (s *settler) settle(ctx context.Context, lane int, d *delivery, st *Settlem
 	}
 	if isParked && p.head != d.env.ID {
 		st.Action = ActionForwarded
-		if err := s.toRetryQueue(ctx, d, p.retry, st.Attempts); err != nil {
-			return err
-		}
-		return nil
+		attempts := st.Attempts
+		return func(ctx context.Context) error { return s.toRetryQueue(ctx, d, p.retry, attempts) }
 	}
 
-	res := transport.ProcessEnvelope(ctx, s.db, s.c.Name, d.env, s.fn)
+	res := apply()
 	st.Class, st.Err = res.Class, res.Err
 	switch res.Verdict {
 	case transport.Ack:
@@ -204,30 +226,96 @@ func (s *settler) settle(ctx context.Context, lane int, d *delivery, st *Settlem
 		return nil
 	case transport.DeadLetter:
 		st.Action = ActionDeadLetter
-		if err := s.deadLetter(ctx, d, res.Class, res.Err); err != nil {
-			return err
-		}
 		delete(parks, key)
-		return nil
+		return func(ctx context.Context) error { return s.deadLetter(ctx, d, res.Class, res.Err) }
 	}
 	// Retry, or dead-letter once the retries are used up.
 	n := st.Attempts + 1
 	if n > s.c.Retry.MaxRetries {
 		st.Action = ActionDeadLetter
 		cause := fmt.Errorf("failed after %d retries: %w", st.Attempts, res.Err)
-		if err := s.deadLetter(ctx, d, inbox.ClassTransient, cause); err != nil {
-			return err
-		}
 		delete(parks, key)
-		return nil
+		return func(ctx context.Context) error { return s.deadLetter(ctx, d, inbox.ClassTransient, cause) }
 	}
 	st.Action = ActionRetry
-	if err := s.toRetryQueue(ctx, d, n, n); err != nil {
+	parks[key] = parked{head: d.env.ID, retry: n, until: time.Now().Add(s.c.Retry.Delay(n) + ParkGrace)}
+	return func(ctx context.Context) error {
+		if err := s.toRetryQueue(ctx, d, n, n); err != nil {
+			return err
+		}
+		s.log.Warn("amqp consumer: event failed; retrying after a delay", append(s.aggAttrs(d), "consumer", s.c.Name,
+			"event_id", d.env.ID, "sequence", d.env.Sequence, "retry", n, "delay", s.c.Retry.Delay(n).String(), "error", res.Err.Error())...)
+		return nil
+	}
+}
+
+// pending is a delivered message waiting in its lane's batch, with the
+// function that acknowledges it.
+type pending struct {
+	d   *delivery
+	ack func() error
+}
+
+// handleBatch applies a lane's waiting messages in one transaction
+// (inbox.Batch), commits, and only then settles each in delivery order:
+// publish to a delay queue or the DLQ where needed, then acknowledge. If
+// the commit fails nothing was applied, and every message that needed the
+// database is settled as a transient failure instead (retry, behind its
+// aggregate's head as usual). A nil error means every message was settled
+// and acknowledged; an error means the rest must be redelivered (the caller
+// ends the session; the inbox drops what was applied already).
+func (s *settler) handleBatch(ctx context.Context, lane int, items []pending, poisoned *atomic.Bool) error {
+	if poisoned.Load() {
+		return errPoisoned
+	}
+	b, err := inbox.NewBatch(s.db, s.c.Name)
+	if err != nil {
 		return err
 	}
-	parks[key] = parked{head: d.env.ID, retry: n, until: time.Now().Add(s.c.Retry.Delay(n) + ParkGrace)}
-	s.log.Warn("amqp consumer: event failed; retrying after a delay", append(s.aggAttrs(d), "consumer", s.c.Name,
-		"event_id", d.env.ID, "sequence", d.env.Sequence, "retry", n, "delay", s.c.Retry.Delay(n).String(), "error", res.Err.Error())...)
+	defer b.Rollback(ctx)
+	before := maps.Clone(s.park[lane])
+	sts := make([]Settlement, len(items))
+	sends := make([]func(context.Context) error, len(items))
+	decideAll := func(apply func(d *delivery) transport.Result) {
+		for i, it := range items {
+			sts[i] = Settlement{Consumer: s.c.Name, EventID: it.d.messageID, Attempts: s.attempts(it.d), Envelope: it.d.env}
+			sends[i] = s.decide(lane, it.d, &sts[i], func() transport.Result { return apply(it.d) })
+		}
+	}
+	decideAll(func(d *delivery) transport.Result {
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cc.HandlerTimeout)
+		defer cancel()
+		return transport.ProcessInBatch(actx, b, d.env, s.fn)
+	})
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cc.HandlerTimeout)
+	defer cancel()
+	if err := b.Commit(sctx); err != nil {
+		s.log.Warn("amqp consumer: a batch's commit failed; its messages are retried", "consumer", s.c.Name,
+			"messages", len(items), "error", err.Error())
+		s.park[lane] = before
+		decideAll(func(d *delivery) transport.Result {
+			return transport.Result{Verdict: transport.Retry, Class: inbox.ClassTransient, Err: err, Envelope: d.env}
+		})
+	}
+	for i, it := range items {
+		if sends[i] != nil {
+			if err := sends[i](sctx); err != nil {
+				poisoned.Store(true)
+				s.log.Warn("amqp consumer: could not settle a message; it will be redelivered", "consumer", s.c.Name,
+					"event_id", sts[i].EventID, "action", sts[i].Action, "error", err.Error())
+				return err
+			}
+		}
+		if err := it.ack(); err != nil {
+			// The channel is gone: this message and the rest come back,
+			// and the inbox knows which were applied.
+			poisoned.Store(true)
+			return nil
+		}
+		if s.cc.OnSettle != nil {
+			s.cc.OnSettle(sts[i])
+		}
+	}
 	return nil
 }
 
