@@ -54,23 +54,9 @@ func (b *Batch) Apply(ctx context.Context, e envelope.Envelope, fn SideEffect) (
 	if !claimed {
 		return Duplicate, nil
 	}
-	err = func() (err error) {
-		defer func() {
-			if p := recover(); p != nil {
-				err = fmt.Errorf("side effect panicked: %v", p)
-			}
-		}()
-		return fn(ctx, b.tx.tx)
-	}()
-	if err != nil {
+	if err := b.tx.effect(ctx, fn); err != nil {
 		b.tx.undo(ctx)
 		return 0, err
-	}
-	if b.tx.aborted() {
-		// An SQL error inside fn was swallowed (or fn ended the
-		// transaction): its writes did not happen.
-		b.tx.undo(ctx)
-		return 0, errors.New("side effect returned nil but left the transaction aborted (an SQL error was swallowed)")
 	}
 	return Applied, nil
 }

@@ -436,7 +436,7 @@ func (h *Handler) claimReadingHolds(ctx context.Context, b *batchTx, r msg, p ho
 	if err != nil {
 		return nil, false, fmt.Errorf("inbox claim with holds: %w", err)
 	}
-	holds := &holdSet{rows: map[string][]heldRow{}, more: map[string]bool{}}
+	holds := newHoldSet()
 	if held {
 		batch := &pgx.Batch{}
 		batch.Queue(sqlLoadHolds, h.cfg.Consumer, p.groups, p.limit)
@@ -457,20 +457,7 @@ func (h *Handler) claimReadingHolds(ctx context.Context, b *batchTx, r msg, p ho
 // release; see record. ctx carries r's trace (ContextWithTrace).
 func (h *Handler) applyClaimed(ctx context.Context, b *batchTx, r msg, release, claimed bool) (class string, dup bool, err error) {
 	if claimed {
-		err = func() (err error) {
-			defer func() {
-				if p := recover(); p != nil {
-					err = fmt.Errorf("side effect panicked: %v", p)
-				}
-			}()
-			return h.apply(ctx, b.tx, r.e)
-		}()
-	}
-	if err == nil && b.aborted() {
-		// The side effect returned nil but an SQL error inside it was
-		// swallowed (or it ended the transaction): its writes did not
-		// happen. Fail the record, rolling back to its own savepoint only.
-		err = errors.New("side effect returned nil but left the transaction aborted (an SQL error was swallowed); the record will be retried")
+		err = b.effect(ctx, func(ctx context.Context, tx pgx.Tx) error { return h.apply(ctx, tx, r.e) })
 	}
 	if err == nil && release {
 		if _, err = b.tx.Exec(ctx, sqlReleaseHeld, h.cfg.Consumer, r.group, r.key); err != nil {
@@ -581,6 +568,25 @@ func (b *batchTx) claim(ctx context.Context, consumer string, e envelope.Envelop
 		return false, fmt.Errorf("inbox claim: %w", err)
 	}
 	return tag.RowsAffected() == 1, nil
+}
+
+// effect runs fn, a record's side effect, in the transaction. A panic in
+// fn is an error, and so is a nil return that left the transaction aborted
+// (an SQL error swallowed inside fn, or fn ending the transaction): its
+// writes did not happen. On error the caller rolls the record back (undo).
+func (b *batchTx) effect(ctx context.Context, fn SideEffect) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("side effect panicked: %v", p)
+		}
+	}()
+	if err := fn(ctx, b.tx); err != nil {
+		return err
+	}
+	if b.aborted() {
+		return errors.New("side effect returned nil but left the transaction aborted (an SQL error was swallowed); the record will be retried")
+	}
+	return nil
 }
 
 // aborted reports whether the last statement left the transaction failed

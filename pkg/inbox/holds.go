@@ -49,6 +49,10 @@ type holdSet struct {
 	more map[string]bool      // the group has rows beyond those loaded
 }
 
+func newHoldSet() *holdSet {
+	return &holdSet{rows: map[string][]heldRow{}, more: map[string]bool{}}
+}
+
 // holdPlan is what a strict-order batch needs to know its holds: its groups
 // in order, how many held rows per group to read, and the pre-holds to write
 // for records on their last receive.
@@ -114,7 +118,7 @@ func scanHolds(br pgx.BatchResults, limit int) (*holdSet, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read held groups: %w", err)
 	}
-	s := &holdSet{rows: map[string][]heldRow{}, more: map[string]bool{}}
+	s := newHoldSet()
 	for rows.Next() {
 		var g string
 		var r heldRow

@@ -48,6 +48,17 @@ func heldRows(t *testing.T, db interface {
 	return n
 }
 
+// failP1While records each event's side effect, except P/1's, which fails
+// permanently while broken is set (until "the fix is deployed").
+func failP1While(broken *atomic.Bool) inbox.Apply {
+	return func(ctx context.Context, tx pgx.Tx, e envelope.Envelope) error {
+		if e.AggregateID == "P" && e.Sequence == 1 && broken.Load() {
+			return inbox.Permanent(errors.New("cannot apply yet"))
+		}
+		return record(ctx, tx, e)
+	}
+}
+
 // Strict order: once the consumer dead-letters P/1, the group's later
 // events go to the DLQ behind it, with a reason naming P/1's event id; a
 // redriven message that is not the group's first goes back; redrive in
@@ -57,12 +68,7 @@ func TestStrictOrderHoldsAGroupUntilRedriveAppliesItInOrder(t *testing.T) {
 	db := newDB(t)
 	var broken atomic.Bool
 	broken.Store(true)
-	apply := func(ctx context.Context, tx pgx.Tx, e envelope.Envelope) error {
-		if e.AggregateID == "P" && e.Sequence == 1 && broken.Load() {
-			return inbox.Permanent(errors.New("cannot apply yet"))
-		}
-		return record(ctx, tx, e)
-	}
+	apply := failP1While(&broken)
 	dlq := &fakeDLQ{}
 	h, err := inbox.NewHandler(db.Pool, dlq, apply, inbox.HandlerConfig{Consumer: "c", DLQURL: "d"})
 	if err != nil {
@@ -331,12 +337,7 @@ func TestStrictOrderSpeculativeClaimOfAHeldGroupIsUndone(t *testing.T) {
 	ctx := context.Background()
 	var broken atomic.Bool
 	broken.Store(true)
-	apply := func(ctx context.Context, tx pgx.Tx, e envelope.Envelope) error {
-		if e.AggregateID == "P" && e.Sequence == 1 && broken.Load() {
-			return inbox.Permanent(errors.New("cannot apply yet"))
-		}
-		return record(ctx, tx, e)
-	}
+	apply := failP1While(&broken)
 	dlq := &fakeDLQ{}
 	h, err := inbox.NewHandler(db.Pool, dlq, apply, inbox.HandlerConfig{Consumer: "c", DLQURL: "d"})
 	if err != nil {

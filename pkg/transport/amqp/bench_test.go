@@ -145,15 +145,7 @@ func dispatchRound(b *testing.B, name, url string, cfg amqp.Config, pub outbox.P
 	var cost proccpu.Cost
 	b.Run(name, func(b *testing.B) {
 		db := pgtest.New(b)
-		ctx := context.Background()
 		evs := benchEvents(b.N)
-		for len(evs) > 0 {
-			batch := evs[:min(500, len(evs))]
-			evs = evs[len(batch):]
-			if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error { return outbox.Enqueue(ctx, tx, batch...) }); err != nil {
-				b.Fatal(err)
-			}
-		}
 		p := pub
 		if p == nil {
 			ap, err := amqp.NewPublisher(cfg)
@@ -163,21 +155,13 @@ func dispatchRound(b *testing.B, name, url string, cfg amqp.Config, pub outbox.P
 			defer ap.Close()
 			p = ap
 		}
-		d, err := outbox.NewDispatcher(db.Pool, p, outbox.DispatcherConfig{PublishConcurrency: benchConcurrency, PublishBatchSize: benchBatch, Logger: quiet})
+		b.ResetTimer()
+		var err error
+		cost, err = outboxtest.DrainRate(context.Background(), db.Pool, evs, p,
+			outbox.DispatcherConfig{PublishConcurrency: benchConcurrency, PublishBatchSize: benchBatch, Logger: quiet}, brokerProcess)
+		b.StopTimer()
 		if err != nil {
 			b.Fatal(err)
-		}
-		b.ResetTimer()
-		cost = proccpu.Measure(b.N, func() float64 {
-			start := time.Now()
-			if err := d.Drain(ctx); err != nil {
-				b.Fatal(err)
-			}
-			return float64(b.N) / time.Since(start).Seconds()
-		}, brokerProcess)
-		b.StopTimer()
-		if tot := d.Totals(); tot.Sent != int64(b.N) {
-			b.Fatalf("sent %d of %d (%+v)", tot.Sent, b.N, tot)
 		}
 		if pub == nil {
 			purge(b, url, cfg.Topology)

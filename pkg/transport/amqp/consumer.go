@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
@@ -108,8 +107,7 @@ func (r *Runner) session(ctx context.Context) error {
 	}
 	lanes := transport.NewLanes(r.s.c.Workers, r.s.c.Prefetch)
 	defer lanes.Close()
-	batch := make([][]pending, lanes.Len()) // per lane; touched only by that lane's goroutine
-	var poisoned atomic.Bool
+	batches := r.s.newBatcher(lanes)
 	stuck := make(chan struct{}, 1)
 	for {
 		select {
@@ -130,22 +128,10 @@ func (r *Runner) session(ctx context.Context) error {
 			if !ok {
 				return errors.New("consumer cancelled by the broker (queue deleted?)")
 			}
-			d := fromAMQP(m)
-			err := lanes.Submit(ctx, d.key(), func(lane int) {
-				// A lane's messages that are already waiting are applied in
-				// one transaction: gather until none is queued behind this
-				// one (or the batch is full), then apply and settle them.
-				batch[lane] = append(batch[lane], pending{d: d, ack: func() error { return m.Ack(false) }})
-				if lanes.Queued(lane) > 0 && len(batch[lane]) < r.s.cc.MaxBatch {
-					return
-				}
-				items := batch[lane]
-				batch[lane] = nil
-				if err := r.s.handleBatch(ctx, lane, items, &poisoned); err != nil {
-					select {
-					case stuck <- struct{}{}:
-					default:
-					}
+			err := batches.submit(ctx, fromAMQP(m), func() error { return m.Ack(false) }, func(error) {
+				select {
+				case stuck <- struct{}{}:
+				default:
 				}
 			})
 			if err != nil {

@@ -17,9 +17,9 @@
 //     active consumer, dead-lettering to "<queue>.dlq"), its bindings, its
 //     DLQ and one delay queue per retry delay.
 //   - Runner (local or container consumer) and LambdaHandler (Amazon MQ
-//     event source): decode, apply through the inbox, then acknowledge (the
-//     Runner applies a lane's waiting messages in one inbox.Batch and
-//     settles them after its commit; the handler one record at a time); transient
+//     event source): decode, apply through the inbox, then acknowledge (a
+//     lane's waiting messages in one inbox.Batch, settled in order after
+//     its commit); transient
 //     failures wait in a delay queue and come back (exponential backoff, a
 //     retry limit, then the DLQ with the reason), and later events of the
 //     same aggregate wait behind them; invalid and permanently failing

@@ -9,7 +9,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"sync/atomic"
 
 	"github.com/aws/aws-lambda-go/events"
 	amqp091 "github.com/rabbitmq/amqp091-go"
@@ -91,7 +90,7 @@ func (h *LambdaHandler) Handle(ctx context.Context, ev events.RabbitMQEvent) err
 
 func (h *LambdaHandler) batch(ctx context.Context, msgs []events.RabbitMQMessage) error {
 	lanes := transport.NewLanes(h.s.c.Workers, len(msgs))
-	var poisoned atomic.Bool
+	batches := h.s.newBatcher(lanes)
 	var mu sync.Mutex
 	var firstErr error
 	for i, m := range msgs {
@@ -100,14 +99,17 @@ func (h *LambdaHandler) batch(ctx context.Context, msgs []events.RabbitMQMessage
 			// Not even the envelope could be read (bad base64): treat as invalid.
 			d = &delivery{messageID: fmt.Sprintf("record-%d", i), headers: amqp091.Table{}, decodeErr: err}
 		}
-		_ = lanes.Submit(context.WithoutCancel(ctx), d.key(), func(lane int) {
-			if err := h.s.handle(ctx, lane, d, &poisoned); err != nil && !errors.Is(err, errPoisoned) {
-				mu.Lock()
-				if firstErr == nil {
-					firstErr = err
-				}
-				mu.Unlock()
+		// Lambda settles the records when the function returns nil:
+		// nothing to acknowledge one by one.
+		_ = batches.submit(context.WithoutCancel(ctx), d, func() error { return nil }, func(err error) {
+			if errors.Is(err, errPoisoned) {
+				return
 			}
+			mu.Lock()
+			if firstErr == nil {
+				firstErr = err
+			}
+			mu.Unlock()
 		})
 	}
 	lanes.Close()

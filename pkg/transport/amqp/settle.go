@@ -48,12 +48,12 @@ type Settlement struct {
 type ConsumerConfig struct {
 	// Consumer is the topology consumer's name (its inbox key). Required.
 	Consumer string
-	// HandlerTimeout bounds applying one message, and settling it (or
-	// committing and settling a Runner's batch). Default 30s.
+	// HandlerTimeout bounds applying one message, and committing and
+	// settling a batch. Default 30s.
 	HandlerTimeout time.Duration
-	// MaxBatch is the most messages a Runner's lane applies in one
-	// transaction (inbox.Batch): the lane's messages already waiting when it
-	// gets to them, so batches form only under load and add no delay.
+	// MaxBatch is the most messages a lane applies in one transaction
+	// (inbox.Batch): the lane's messages already waiting when it gets to
+	// them, so batches form only under load and add no delay.
 	// Default 16; 1 applies each message in its own transaction.
 	MaxBatch int
 	// OnSettle, if set, is called after each message is settled (metrics, tests).
@@ -154,39 +154,6 @@ func (s *settler) attempts(d *delivery) int { return headerInt(d.headers[s.topo.
 // later ones are left unsettled too (they are redelivered in order).
 var errPoisoned = errors.New("amqp consumer: an earlier message could not be settled; leaving this one for redelivery")
 
-// handle applies d on lane and settles it by publishing it to a delay queue
-// or the DLQ when needed. A nil error means d is done and may be
-// acknowledged; an error means it was not settled and must be redelivered
-// (and, to keep order, so must every later message: the caller poisons the
-// session).
-func (s *settler) handle(ctx context.Context, lane int, d *delivery, poisoned *atomic.Bool) error {
-	if poisoned.Load() {
-		return errPoisoned
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cc.HandlerTimeout)
-	defer cancel()
-	st := Settlement{Consumer: s.c.Name, EventID: d.messageID, Attempts: s.attempts(d), Envelope: d.env}
-	err := s.settle(ctx, lane, d, &st)
-	if err != nil {
-		poisoned.Store(true)
-		s.log.Warn("amqp consumer: could not settle a message; it will be redelivered", "consumer", s.c.Name,
-			"event_id", st.EventID, "action", st.Action, "error", err.Error())
-		return err
-	}
-	if s.cc.OnSettle != nil {
-		s.cc.OnSettle(st)
-	}
-	return nil
-}
-
-func (s *settler) settle(ctx context.Context, lane int, d *delivery, st *Settlement) error {
-	send := s.decide(lane, d, st, func() transport.Result { return transport.ProcessEnvelope(ctx, s.db, s.c.Name, d.env, s.fn) })
-	if send == nil {
-		return nil
-	}
-	return send(ctx)
-}
-
 // decide settles d on lane: it applies d with apply unless d is invalid or
 // waits behind its parked aggregate's head, records the action in st,
 // updates the lane's parked aggregates, and returns the publish d needs
@@ -256,6 +223,40 @@ type pending struct {
 	ack func() error
 }
 
+// batcher feeds a session's deliveries (the Runner's channel, or one
+// Lambda invocation's records) to their lanes and applies each lane's
+// waiting messages together: a message runs as soon as its lane reaches it,
+// with whatever of the lane's messages queued up behind it meanwhile (up to
+// MaxBatch), so batches form only under load and add no delay.
+type batcher struct {
+	s        *settler
+	lanes    *transport.Lanes
+	waiting  [][]pending // per lane; touched only by that lane's goroutine
+	poisoned atomic.Bool // a message could not be settled: settle none after it
+}
+
+func (s *settler) newBatcher(lanes *transport.Lanes) *batcher {
+	return &batcher{s: s, lanes: lanes, waiting: make([][]pending, lanes.Len())}
+}
+
+// submit queues d (acknowledged by ack once settled) on its aggregate's
+// lane. failed receives handleBatch's error when a batch could not be
+// settled (errPoisoned for those after it). It returns ctx's error if ctx
+// ended while the lane was full (d then never runs).
+func (b *batcher) submit(ctx context.Context, d *delivery, ack func() error, failed func(error)) error {
+	return b.lanes.Submit(ctx, d.key(), func(lane int) {
+		b.waiting[lane] = append(b.waiting[lane], pending{d: d, ack: ack})
+		if b.lanes.Queued(lane) > 0 && len(b.waiting[lane]) < b.s.cc.MaxBatch {
+			return // more of this lane's messages are queued: take them along
+		}
+		items := b.waiting[lane]
+		b.waiting[lane] = nil
+		if err := b.handleBatch(ctx, lane, items); err != nil {
+			failed(err)
+		}
+	})
+}
+
 // handleBatch applies a lane's waiting messages in one transaction
 // (inbox.Batch), commits, and only then settles each in delivery order:
 // publish to a delay queue or the DLQ where needed, then acknowledge. If
@@ -264,15 +265,16 @@ type pending struct {
 // aggregate's head as usual). A nil error means every message was settled
 // and acknowledged; an error means the rest must be redelivered (the caller
 // ends the session; the inbox drops what was applied already).
-func (s *settler) handleBatch(ctx context.Context, lane int, items []pending, poisoned *atomic.Bool) error {
+func (b *batcher) handleBatch(ctx context.Context, lane int, items []pending) error {
+	s, poisoned := b.s, &b.poisoned
 	if poisoned.Load() {
 		return errPoisoned
 	}
-	b, err := inbox.NewBatch(s.db, s.c.Name)
+	tx, err := inbox.NewBatch(s.db, s.c.Name)
 	if err != nil {
 		return err
 	}
-	defer b.Rollback(ctx)
+	defer tx.Rollback(ctx)
 	before := maps.Clone(s.park[lane])
 	sts := make([]Settlement, len(items))
 	sends := make([]func(context.Context) error, len(items))
@@ -285,11 +287,11 @@ func (s *settler) handleBatch(ctx context.Context, lane int, items []pending, po
 	decideAll(func(d *delivery) transport.Result {
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cc.HandlerTimeout)
 		defer cancel()
-		return transport.ProcessInBatch(actx, b, d.env, s.fn)
+		return transport.ProcessInBatch(actx, tx, d.env, s.fn)
 	})
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cc.HandlerTimeout)
 	defer cancel()
-	if err := b.Commit(sctx); err != nil {
+	if err := tx.Commit(sctx); err != nil {
 		s.log.Warn("amqp consumer: a batch's commit failed; its messages are retried", "consumer", s.c.Name,
 			"messages", len(items), "error", err.Error())
 		s.park[lane] = before

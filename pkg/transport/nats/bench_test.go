@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -211,15 +210,7 @@ func dispatchRound(b *testing.B, name string, cfg natsbus.Config, pub outbox.Pub
 	var cost proccpu.Cost
 	b.Run(name, func(b *testing.B) {
 		db := pgtest.New(b)
-		ctx := context.Background()
 		evs := benchEvents(b.N)
-		for len(evs) > 0 {
-			batch := evs[:min(500, len(evs))]
-			evs = evs[len(batch):]
-			if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error { return outbox.Enqueue(ctx, tx, batch...) }); err != nil {
-				b.Fatal(err)
-			}
-		}
 		p := pub
 		if p == nil {
 			np, err := natsbus.NewPublisher(cfg)
@@ -229,21 +220,13 @@ func dispatchRound(b *testing.B, name string, cfg natsbus.Config, pub outbox.Pub
 			defer np.Close()
 			p = np
 		}
-		d, err := outbox.NewDispatcher(db.Pool, p, outbox.DispatcherConfig{PublishConcurrency: benchConcurrency, PublishBatchSize: benchBatch, Logger: quiet})
+		b.ResetTimer()
+		var err error
+		cost, err = outboxtest.DrainRate(context.Background(), db.Pool, evs, p,
+			outbox.DispatcherConfig{PublishConcurrency: benchConcurrency, PublishBatchSize: benchBatch, Logger: quiet}, brokerProcess)
+		b.StopTimer()
 		if err != nil {
 			b.Fatal(err)
-		}
-		b.ResetTimer()
-		cost = proccpu.Measure(b.N, func() float64 {
-			start := time.Now()
-			if err := d.Drain(ctx); err != nil {
-				b.Fatal(err)
-			}
-			return float64(b.N) / time.Since(start).Seconds()
-		}, brokerProcess)
-		b.StopTimer()
-		if tot := d.Totals(); tot.Sent != int64(b.N) {
-			b.Fatalf("sent %d of %d (%+v)", tot.Sent, b.N, tot)
 		}
 		purge(b, cfg)
 		b.ReportMetric(cost.Rate, "events/s")
