@@ -38,7 +38,7 @@ import (
 	"github.com/fifobox/fifobox/pkg/topology/provision"
 	"github.com/fifobox/fifobox/pkg/transport"
 	"github.com/fifobox/fifobox/pkg/transport/amqp"
-	natsbus "github.com/fifobox/fifobox/pkg/transport/nats"
+	"github.com/fifobox/fifobox/pkg/transport/nats"
 )
 
 func main() {
@@ -190,13 +190,13 @@ func runBroker(ctx context.Context, o options, log *slog.Logger, pool *pgxpool.P
 		if v := os.Getenv("FIFOBOX_NATS_TOPOLOGY"); v != "" && v != "default" {
 			return fmt.Errorf("FIFOBOX_NATS_TOPOLOGY=%s: make local runs the default topology (the demo's consumers)", v)
 		}
-		cfg, err := natsbus.ConfigFromEnv()
+		cfg, err := nats.ConfigFromEnv()
 		if err != nil {
 			return err
 		}
 		cfg.Logger = log
 		desc = fmt.Sprintf("NATS JetStream %s, stream %s, subjects %s.>", redactedHost(cfg.URL), cfg.Topology.Stream, cfg.Topology.SubjectPrefix)
-		if t, err = natsbus.New(cfg); err != nil {
+		if t, err = nats.New(cfg); err != nil {
 			return err
 		}
 	default:

@@ -11,7 +11,7 @@ import (
 	"github.com/fifobox/fifobox/pkg/readmodel"
 	"github.com/fifobox/fifobox/pkg/transport"
 	"github.com/fifobox/fifobox/pkg/transport/amqp"
-	natsbus "github.com/fifobox/fifobox/pkg/transport/nats"
+	"github.com/fifobox/fifobox/pkg/transport/nats"
 )
 
 // brokerTransport opens the transport FIFOBOX_TRANSPORT names. SNS/SQS has
@@ -31,12 +31,12 @@ func (a *app) brokerTransport(what string) (transport.Transport, error) {
 		cfg.Logger = a.logger()
 		return amqp.New(cfg)
 	case transport.NATS:
-		cfg, err := natsbus.ConfigFromEnv()
+		cfg, err := nats.ConfigFromEnv()
 		if err != nil {
 			return nil, err
 		}
 		cfg.Logger = a.logger()
-		return natsbus.New(cfg)
+		return nats.New(cfg)
 	}
 	return nil, fmt.Errorf("%s works with %s=rabbitmq or nats; with sns the topology is deployed by CDK and consumers are Lambdas", what, transport.EnvTransport)
 }

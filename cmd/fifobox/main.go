@@ -32,7 +32,7 @@ import (
 	"github.com/fifobox/fifobox/pkg/topology"
 	"github.com/fifobox/fifobox/pkg/transport"
 	"github.com/fifobox/fifobox/pkg/transport/amqp"
-	natsbus "github.com/fifobox/fifobox/pkg/transport/nats"
+	"github.com/fifobox/fifobox/pkg/transport/nats"
 )
 
 // DefaultDatabaseURL is the local development database.
@@ -202,12 +202,12 @@ func (a *app) service(ctx context.Context, op string) (*redrive.Service, error) 
 		a.closers = append(a.closers, ops.Close)
 		return redrive.New(pool, nil, redrive.Config{Broker: ops, Logger: a.logger(), Progress: a.progress})
 	case needsBroker && kind == transport.NATS:
-		cfg, err := natsbus.ConfigFromEnv()
+		cfg, err := nats.ConfigFromEnv()
 		if err != nil {
 			return nil, err
 		}
 		cfg.Logger = a.logger()
-		ops, err := natsbus.NewOperations(cfg)
+		ops, err := nats.NewOperations(cfg)
 		if err != nil {
 			return nil, err
 		}

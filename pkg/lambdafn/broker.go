@@ -18,7 +18,7 @@ import (
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/transport"
 	"github.com/fifobox/fifobox/pkg/transport/amqp"
-	natsbus "github.com/fifobox/fifobox/pkg/transport/nats"
+	"github.com/fifobox/fifobox/pkg/transport/nats"
 )
 
 // The broker credentials' variables: on AWS the functions read the broker's
@@ -31,7 +31,7 @@ const (
 
 // BrokerEnv is every variable BrokerFromEnv reads: the transport's choice,
 // that transport's settings, and the secret holding its credentials.
-var BrokerEnv = envspec.Join(transport.Env, amqp.Env, natsbus.Env, envspec.Set{
+var BrokerEnv = envspec.Join(transport.Env, amqp.Env, nats.Env, envspec.Set{
 	{Name: EnvAMQPSecretARN, Doc: `Secrets Manager secret {"username","password"} for FIFOBOX_AMQP_URL (Amazon MQ: the event source mapping's BASIC_AUTH secret); unset: credentials in the URL`},
 	{Name: EnvNATSSecretARN, Doc: `Secrets Manager secret {"username","password"}, {"token"} or {"creds"} (a .creds file's contents) for FIFOBOX_NATS_URL; unset: none or FIFOBOX_NATS_CREDS/USER/PASSWORD`},
 })
@@ -44,7 +44,7 @@ type Broker struct {
 	// AMQP is RabbitMQ's configuration (Kind RabbitMQ).
 	AMQP amqp.Config
 	// NATS is NATS JetStream's configuration (Kind NATS).
-	NATS natsbus.Config
+	NATS nats.Config
 	// SecretARN names the Secrets Manager secret with the broker's
 	// credentials (FIFOBOX_AMQP_SECRET_ARN or FIFOBOX_NATS_SECRET_ARN).
 	SecretARN string
@@ -71,12 +71,12 @@ func BrokerFromEnv() (Broker, error) {
 			}
 		}
 	case transport.NATS:
-		if b.NATS, err = natsbus.ConfigFromEnv(); err != nil {
+		if b.NATS, err = nats.ConfigFromEnv(); err != nil {
 			return b, err
 		}
 		b.SecretARN = BrokerEnv.Get(EnvNATSSecretARN)
 		if b.SecretARN != "" && (b.NATS.CredsFile != "" || b.NATS.User != "") {
-			return b, fmt.Errorf("%s and %s or %s: set one kind of credentials", EnvNATSSecretARN, natsbus.EnvCredsFile, natsbus.EnvUser)
+			return b, fmt.Errorf("%s and %s or %s: set one kind of credentials", EnvNATSSecretARN, nats.EnvCredsFile, nats.EnvUser)
 		}
 	default:
 		if v := BrokerEnv.Get(EnvAMQPSecretARN) + BrokerEnv.Get(EnvNATSSecretARN); v != "" {
@@ -184,7 +184,7 @@ func (b Broker) Publisher(log *slog.Logger) (outbox.Publisher, func() error, err
 	case transport.NATS:
 		c := b.NATS
 		c.Logger = log
-		p, err := natsbus.NewPublisher(c)
+		p, err := nats.NewPublisher(c)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -208,7 +208,7 @@ func (b Broker) Operations(log *slog.Logger) (transport.Operations, func() error
 	case transport.NATS:
 		c := b.NATS
 		c.Logger = log
-		o, err := natsbus.NewOperations(c)
+		o, err := nats.NewOperations(c)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -230,7 +230,7 @@ func (b Broker) Provisioner(log *slog.Logger) (transport.Provisioner, error) {
 	case transport.NATS:
 		c := b.NATS
 		c.Logger = log
-		return natsbus.NewProvisioner(c)
+		return nats.NewProvisioner(c)
 	}
 	return nil, fmt.Errorf("broker provisioner: transport %s has none here", b.Kind)
 }

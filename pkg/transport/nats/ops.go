@@ -1,4 +1,4 @@
-package natsbus
+package nats
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"strings"
 
 	"github.com/google/uuid"
-	"github.com/nats-io/nats.go"
+	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fifobox/fifobox/pkg/outbox"
@@ -154,7 +154,7 @@ func (o *Operations) Redrive(ctx context.Context, consumer string, max int) (int
 		if rest == "" || rest == m.Header.Get(HeaderSubject) {
 			rest = "redriven"
 		}
-		msg := &nats.Msg{Subject: t.ReplaySubjectPrefix(c) + "." + rest, Data: m.Data, Header: m.Header}
+		msg := &natsgo.Msg{Subject: t.ReplaySubjectPrefix(c) + "." + rest, Data: m.Data, Header: m.Header}
 		msg.Header[HeaderMsgID] = []string{fmt.Sprintf("redrive:%s:%s:%d", c.Name, t.DeadLetterStream, m.Sequence)}
 		if err := o.out.sendOne(ctx, outgoing{msg: msg, stream: t.Stream}); err != nil {
 			return moved, fmt.Errorf("redrive: send dead letter %d to %s (it stays dead): %w", m.Sequence, msg.Subject, err)
@@ -172,9 +172,9 @@ func (o *Operations) Redrive(ctx context.Context, consumer string, max int) (int
 }
 
 // redriven strips the dead-letter diagnostics from h and counts the redrive.
-func (t *Topology) redriven(h *nats.Header) {
+func (t *Topology) redriven(h *natsgo.Header) {
 	if *h == nil {
-		*h = nats.Header{}
+		*h = natsgo.Header{}
 	}
 	n, _ := strconv.Atoi(h.Get(HeaderRedriven))
 	for k := range *h {

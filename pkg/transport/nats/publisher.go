@@ -1,4 +1,4 @@
-package natsbus
+package nats
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
+	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fifobox/fifobox/pkg/envelope"
@@ -129,7 +129,7 @@ func (t *Topology) outgoing(m *outbox.Message, subject, msgID string) (outgoing,
 	if !validSubject(subject) {
 		return outgoing{}, outbox.Permanent(fmt.Errorf("%w: %q", ErrSubject, subject))
 	}
-	msg := &nats.Msg{Subject: subject, Data: m.Body, Header: t.headersFor(m)}
+	msg := &natsgo.Msg{Subject: subject, Data: m.Body, Header: t.headersFor(m)}
 	msg.Header[HeaderMsgID] = []string{msgID}
 	if n := msgSize(msg); n > int(t.MaxMsgSize) {
 		return outgoing{}, outbox.Permanent(fmt.Errorf("%w: %d bytes, stream limit %d", ErrTooLarge, n, t.MaxMsgSize))
@@ -140,8 +140,8 @@ func (t *Topology) outgoing(m *outbox.Message, subject, msgID string) (outgoing,
 // headersFor is the fifobox headers and the topology's extra headers for m.
 // Keys are set directly (not through Header.Set) so "traceparent" keeps the
 // W3C spelling.
-func (t *Topology) headersFor(m *outbox.Message) nats.Header {
-	h := make(nats.Header, 10+len(t.headers))
+func (t *Topology) headersFor(m *outbox.Message) natsgo.Header {
+	h := make(natsgo.Header, 10+len(t.headers))
 	set := func(k, v string) {
 		if v != "" {
 			h[k] = []string{headerValue(v)}
@@ -168,7 +168,7 @@ func (t *Topology) headersFor(m *outbox.Message) nats.Header {
 }
 
 // msgSize approximates the stored size: subject, headers and body.
-func msgSize(m *nats.Msg) int {
+func msgSize(m *natsgo.Msg) int {
 	n := len(m.Subject) + len(m.Data) + 12
 	for k, vs := range m.Header {
 		for _, v := range vs {
@@ -197,7 +197,7 @@ func waves(msgs []outbox.Message, ready []int) [][]int {
 
 // outgoing is one message to publish, with the stream expected to store it.
 type outgoing struct {
-	msg    *nats.Msg
+	msg    *natsgo.Msg
 	stream string
 }
 
@@ -300,15 +300,15 @@ func (s *sender) classify(ctx context.Context, js jetstream.JetStream, o outgoin
 	subj := o.msg.Subject
 	var apiErr *jetstream.APIError
 	switch {
-	case errors.Is(err, nats.ErrMaxPayload):
+	case errors.Is(err, natsgo.ErrMaxPayload):
 		return outbox.Permanent(fmt.Errorf("%w: subject %s: %v", ErrTooLarge, subj, err))
 	case errors.As(err, &apiErr) && apiErr.ErrorCode == codeMsgTooLarge:
 		return outbox.Permanent(fmt.Errorf("%w: subject %s: %v", ErrTooLarge, subj, err))
 	case errors.As(err, &apiErr) && (apiErr.ErrorCode == codeStreamMismatch || apiErr.ErrorCode == codeStreamNotMatch2):
 		return outbox.Permanent(fmt.Errorf("%w: subject %s, want stream %s: %v", ErrWrongStream, subj, o.stream, err))
-	case errors.Is(err, nats.ErrBadSubject):
+	case errors.Is(err, natsgo.ErrBadSubject):
 		return outbox.Permanent(fmt.Errorf("%w: %q: %v", ErrSubject, subj, err))
-	case errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders):
+	case errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, natsgo.ErrNoResponders):
 		return s.noResponders(ctx, js, o, err)
 	case errors.As(err, &apiErr):
 		return fmt.Errorf("%w: subject %s: %v", ErrRefused, subj, err)
