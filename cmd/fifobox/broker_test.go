@@ -188,7 +188,7 @@ func TestProvisionAndConsumeThroughNATS(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			msgs = append(msgs, outbox.Message{EventID: e.ID, GroupID: e.AggregateID, DedupID: e.ID, AggregateType: e.AggregateType,
+			msgs = append(msgs, outbox.Message{EventID: e.ID, GroupID: e.AggregateID, AggregateType: e.AggregateType,
 				Sequence: e.Sequence, EventType: e.Type, Body: body, Attributes: e.Attributes(), Attempt: 1})
 		}
 		for i, err := range pub.Publish(ctx, msgs) {

@@ -23,7 +23,7 @@ import (
 )
 
 // Apply is a consumer's side effect for one event, run inside the inbox
-// transaction. Return Permanent(err) for failures no retry can fix.
+// transaction. Return envelope.Permanent(err) for failures no retry can fix.
 type Apply func(ctx context.Context, tx pgx.Tx, e envelope.Envelope) error
 
 // DLQSender sends a message to the dead-letter queue; *sqs.Client satisfies it.
@@ -466,7 +466,7 @@ func (h *Handler) applyClaimed(ctx context.Context, b *batchTx, r msg, release, 
 	}
 	if err != nil {
 		b.undo(ctx) // the claim rolls back with the side effect
-		if IsPermanent(err) {
+		if envelope.IsPermanent(err) {
 			return ClassPermanent, false, err
 		}
 		return ClassTransient, false, err

@@ -182,7 +182,7 @@ func testApply(ctx context.Context, tx pgx.Tx, e envelope.Envelope) error {
 	case "A/2", "X/1":
 		return errors.New("database busy") // transient
 	case "P/1":
-		return inbox.Permanent(errors.New("order does not exist"))
+		return envelope.Permanent(errors.New("order does not exist"))
 	case "Z/1":
 		panic("nil map")
 	}

@@ -53,7 +53,7 @@ func heldRows(t *testing.T, db interface {
 func failP1While(broken *atomic.Bool) inbox.Apply {
 	return func(ctx context.Context, tx pgx.Tx, e envelope.Envelope) error {
 		if e.AggregateID == "P" && e.Sequence == 1 && broken.Load() {
-			return inbox.Permanent(errors.New("cannot apply yet"))
+			return envelope.Permanent(errors.New("cannot apply yet"))
 		}
 		return record(ctx, tx, e)
 	}

@@ -57,7 +57,7 @@ func publish(t *testing.T, env *emulatortest.Env, evs ...envelope.Envelope) {
 	var msgs []outbox.Message
 	for _, e := range evs {
 		b, _ := e.Encode()
-		msgs = append(msgs, outbox.Message{EventID: e.ID, DedupID: e.ID, GroupID: e.AggregateID, Sequence: e.Sequence, Body: b, Attributes: e.Attributes()})
+		msgs = append(msgs, outbox.Message{EventID: e.ID, GroupID: e.AggregateID, Sequence: e.Sequence, Body: b, Attributes: e.Attributes()})
 	}
 	for i, err := range pub.Publish(context.Background(), msgs) {
 		if err != nil {

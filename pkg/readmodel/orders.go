@@ -52,7 +52,7 @@ func Apply(ctx context.Context, tx pgx.Tx, e envelope.Envelope) error {
 	}
 	var p OrderEvent
 	if err := json.Unmarshal(e.Payload, &p); err != nil {
-		return inbox.Permanent(fmt.Errorf("order event %s: payload: %w", e.ID, err))
+		return envelope.Permanent(fmt.Errorf("order event %s: payload: %w", e.ID, err))
 	}
 	if p.OrderID == "" {
 		p.OrderID = e.AggregateID

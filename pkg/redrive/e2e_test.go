@@ -53,7 +53,7 @@ func newPipeline(t *testing.T) *pipeline {
 			bad := name == "audit" && p.poison[e.ID]
 			p.mu.Unlock()
 			if bad {
-				return inbox.Permanent(errors.New("audit rejects this event"))
+				return envelope.Permanent(errors.New("audit rejects this event"))
 			}
 			_, err := tx.Exec(ctx, `INSERT INTO applied (consumer, event_id, aggregate_id, seq) VALUES ($1, $2, $3, $4)`, name, e.ID, e.AggregateID, e.Sequence)
 			return err

@@ -155,8 +155,8 @@ func TestStrictOrderEndToEndThroughDLQAndRedrive(t *testing.T) {
 		}
 	}
 	p.mu.Lock()
-	p.reject[evs[0].ID] = errors.New("database busy")                         // a/1: transient, every time
-	p.reject[evs[4].ID] = inbox.Permanent(errors.New("cannot apply b/2 yet")) // b/2
+	p.reject[evs[0].ID] = errors.New("database busy")                            // a/1: transient, every time
+	p.reject[evs[4].ID] = envelope.Permanent(errors.New("cannot apply b/2 yet")) // b/2
 	p.mu.Unlock()
 	enqueue(t, p.db, evs...)
 	p.until(t, "c applied, and the DLQ holding a/1-3 and b/2-3", func() bool {

@@ -180,7 +180,7 @@ func (s *Service) brokerChunk(ctx context.Context, consumer string, chunk []repl
 	}
 	msgs := make([]outbox.Message, len(chunk))
 	for i, e := range chunk {
-		msgs[i] = outbox.Message{ID: e.id, EventID: e.eventID, GroupID: e.aggID, DedupID: e.eventID, AggregateType: e.aggType,
+		msgs[i] = outbox.Message{ID: e.id, EventID: e.eventID, GroupID: e.aggID, AggregateType: e.aggType,
 			Sequence: e.seq, EventType: e.eventType, Body: bodies[e.id], Attributes: e.attrs(), Attempt: 1}
 	}
 	sent, err := s.cfg.Broker.Replay(ctx, consumer, msgs)

@@ -75,7 +75,7 @@ func TestRequeueDeadPublishesInOrder(t *testing.T) {
 	enqueue(t, db, other)
 	rec := &outboxtest.Recorder{Fail: func(m outbox.Message) error {
 		if poison[m.EventID] {
-			return outbox.Permanent(errors.New("rejected"))
+			return envelope.Permanent(errors.New("rejected"))
 		}
 		return nil
 	}}
@@ -161,7 +161,7 @@ func TestDiscardDeadResumesItsAggregate(t *testing.T) {
 	enqueue(t, db, a1, a2, a3, a4, b1)
 	rec := &outboxtest.Recorder{Fail: func(m outbox.Message) error {
 		if m.EventID == a2.ID {
-			return outbox.Permanent(errors.New("InvalidParameter: message too long"))
+			return envelope.Permanent(errors.New("InvalidParameter: message too long"))
 		}
 		return nil
 	}}

@@ -27,7 +27,7 @@
 // What every transport must keep, whatever its broker calls things:
 //   - Publish returns nil for a message only once the broker has durably
 //     accepted it (a publisher confirm, a JetStream ack, an SNS 200 entry),
-//     outbox.Permanent only when no retry can help, and a plain error
+//     envelope.Permanent only when no retry can help, and a plain error
 //     otherwise. The dispatcher publishes an aggregate's event N+1 only after
 //     N's Publish returned nil, so a transport keeps per-aggregate order at
 //     the broker by acknowledging honestly; it never reorders on its own.

@@ -54,7 +54,7 @@ func KindFromEnv() (Kind, error) {
 // Publisher is what the dispatcher publishes through. It is outbox.Publisher
 // itself, named here so each transport's four parts read together; see its
 // contract there (per-message results: nil once the broker acknowledged,
-// outbox.Permanent when no retry can help, any other error to retry).
+// envelope.Permanent when no retry can help, any other error to retry).
 type Publisher = outbox.Publisher
 
 // Provisioner creates a transport's topology (exchanges, topics, streams,

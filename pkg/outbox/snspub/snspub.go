@@ -3,7 +3,7 @@
 // It sends PublishBatch calls of at most 10 entries and 262,144 bytes, with
 // MessageGroupId = aggregate id and MessageDeduplicationId = event id, and
 // maps every entry's result to nil (published), a retryable error
-// (throttling, 5xx, network) or outbox.Permanent (the request itself is
+// (throttling, 5xx, network) or envelope.Permanent (the request itself is
 // invalid, so no retry can succeed).
 package snspub
 
@@ -154,14 +154,14 @@ func (p *Publisher) publishBatch(ctx context.Context, msgs []outbox.Message, idx
 			Id:                     aws.String(strconv.Itoa(k)),
 			Message:                aws.String(string(m.Body)),
 			MessageGroupId:         aws.String(m.GroupID),
-			MessageDeduplicationId: aws.String(m.DedupID),
+			MessageDeduplicationId: aws.String(m.EventID),
 			MessageAttributes:      attrs,
 		}
 	}
 	out, err := p.api.PublishBatch(ctx, &sns.PublishBatchInput{TopicArn: aws.String(p.cfg.TopicARN), PublishBatchRequestEntries: entries})
 	if err != nil {
 		err = classify(err)
-		if outbox.IsPermanent(err) && len(idx) > 1 {
+		if envelope.IsPermanent(err) && len(idx) > 1 {
 			// One bad entry can fail a whole call: isolate it so the others
 			// are not declared dead with it.
 			for _, i := range idx {
@@ -188,7 +188,7 @@ func (p *Publisher) publishBatch(ctx context.Context, msgs []outbox.Message, idx
 		done[k] = true
 		e := fmt.Errorf("sns publish entry: %s: %s", aws.ToString(f.Code), aws.ToString(f.Message))
 		if f.SenderFault && permanentCode(aws.ToString(f.Code)) {
-			e = outbox.Permanent(e)
+			e = envelope.Permanent(e)
 		}
 		errs[idx[k]] = e
 	}
@@ -214,7 +214,7 @@ func classify(err error) error {
 	var apiErr smithy.APIError
 	if errors.As(err, &apiErr) {
 		if apiErr.ErrorFault() == smithy.FaultClient && permanentCode(apiErr.ErrorCode()) {
-			return outbox.Permanent(err)
+			return envelope.Permanent(err)
 		}
 	}
 	return err

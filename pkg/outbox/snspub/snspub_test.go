@@ -13,6 +13,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sns/types"
 	"github.com/aws/smithy-go"
 
+	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/outbox/snspub"
 )
@@ -52,7 +53,7 @@ func (f *fakeSNS) PublishBatch(ctx context.Context, in *sns.PublishBatchInput, _
 
 func msg(group string, seq int64, bodySize int) outbox.Message {
 	return outbox.Message{
-		EventID: fmt.Sprintf("00000000-0000-7000-8000-%012d", seq), DedupID: fmt.Sprintf("00000000-0000-7000-8000-%012d", seq),
+		EventID: fmt.Sprintf("00000000-0000-7000-8000-%012d", seq),
 		GroupID: group, Sequence: seq, Body: []byte(strings.Repeat("b", bodySize)),
 		Attributes: map[string]string{"event_type": "order.created", "aggregate_type": "order"},
 	}
@@ -89,7 +90,7 @@ func TestSplitsByEntriesAndBytes(t *testing.T) {
 		t.Fatalf("calls of %v entries, want 2,2", got)
 	}
 	e := f.calls[0][0]
-	if aws.ToString(e.MessageGroupId) != "a" || aws.ToString(e.MessageDeduplicationId) != big[0].DedupID ||
+	if aws.ToString(e.MessageGroupId) != "a" || aws.ToString(e.MessageDeduplicationId) != big[0].EventID ||
 		aws.ToString(e.MessageAttributes["event_type"].StringValue) != "order.created" {
 		t.Fatalf("entry = %+v", e)
 	}
@@ -135,8 +136,8 @@ func TestPerEntryResultClassification(t *testing.T) {
 			if errs[0] != nil || errs[2] != nil {
 				t.Fatalf("neighbours failed: %v", errs)
 			}
-			if errs[1] == nil || outbox.IsPermanent(errs[1]) != tc.permanent {
-				t.Fatalf("entry error %v: permanent=%v, want %v", errs[1], outbox.IsPermanent(errs[1]), tc.permanent)
+			if errs[1] == nil || envelope.IsPermanent(errs[1]) != tc.permanent {
+				t.Fatalf("entry error %v: permanent=%v, want %v", errs[1], envelope.IsPermanent(errs[1]), tc.permanent)
 			}
 		})
 	}
@@ -148,7 +149,7 @@ func TestWholeCallErrors(t *testing.T) {
 	f := &fakeSNS{call: func([]types.PublishBatchRequestEntry) error { return throttle }}
 	p, _ := snspub.New(f, snspub.Config{TopicARN: "arn"})
 	for _, e := range p.Publish(context.Background(), []outbox.Message{msg("a", 1, 10), msg("b", 2, 10)}) {
-		if e == nil || outbox.IsPermanent(e) || !errors.As(e, new(smithy.APIError)) {
+		if e == nil || envelope.IsPermanent(e) || !errors.As(e, new(smithy.APIError)) {
 			t.Fatalf("throttled call: %v, want retryable API error", e)
 		}
 	}
@@ -165,7 +166,7 @@ func TestWholeCallErrors(t *testing.T) {
 	}}
 	p, _ = snspub.New(f, snspub.Config{TopicARN: "arn"})
 	errs := p.Publish(context.Background(), []outbox.Message{msg("a", 1, 10), msg("bad", 2, 10), msg("c", 3, 10)})
-	if errs[0] != nil || errs[2] != nil || !outbox.IsPermanent(errs[1]) {
+	if errs[0] != nil || errs[2] != nil || !envelope.IsPermanent(errs[1]) {
 		t.Fatalf("errs = %v; want only the bad entry permanent", errs)
 	}
 }
@@ -182,11 +183,11 @@ func TestSameGroupKeepsOrder(t *testing.T) {
 			t.Fatal(e)
 		}
 	}
-	if len(f.calls) != 2 || aws.ToString(f.calls[1][0].MessageGroupId) != "g" || aws.ToString(f.calls[1][0].MessageDeduplicationId) != msg("g", 3, 0).DedupID {
+	if len(f.calls) != 2 || aws.ToString(f.calls[1][0].MessageGroupId) != "g" || aws.ToString(f.calls[1][0].MessageDeduplicationId) != msg("g", 3, 0).EventID {
 		t.Fatalf("calls = %v; want g#1,h then g#3", lens(f.calls))
 	}
 	f = &fakeSNS{entry: func(e types.PublishBatchRequestEntry) *types.BatchResultErrorEntry {
-		if aws.ToString(e.MessageDeduplicationId) == msg("g", 1, 0).DedupID {
+		if aws.ToString(e.MessageDeduplicationId) == msg("g", 1, 0).EventID {
 			return &types.BatchResultErrorEntry{Code: aws.String("InternalError")}
 		}
 		return nil

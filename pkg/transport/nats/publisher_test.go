@@ -10,6 +10,7 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/transport"
 	nats "github.com/fifobox/fifobox/pkg/transport/nats"
@@ -226,8 +227,8 @@ func TestPublishOutcomes(t *testing.T) {
 				t.Fatalf("got %v, want success", err)
 			case tt.want != nil && !errors.Is(err, tt.want):
 				t.Fatalf("got %v, want %v", err, tt.want)
-			case tt.want != nil && outbox.IsPermanent(err) != tt.permanent:
-				t.Fatalf("got %v: permanent %v, want %v", err, outbox.IsPermanent(err), tt.permanent)
+			case tt.want != nil && envelope.IsPermanent(err) != tt.permanent:
+				t.Fatalf("got %v: permanent %v, want %v", err, envelope.IsPermanent(err), tt.permanent)
 			}
 		})
 	}
@@ -254,7 +255,7 @@ func TestPublisherRecoversFromConnectionLoss(t *testing.T) {
 		if err = pub.Publish(ctx, []outbox.Message{message(newEvent("doc", "d-1", "doc.written", seq))})[0]; err == nil {
 			break
 		}
-		if outbox.IsPermanent(err) {
+		if envelope.IsPermanent(err) {
 			t.Fatalf("a dropped connection gave a permanent error: %v", err)
 		}
 		time.Sleep(50 * time.Millisecond)

@@ -151,7 +151,7 @@ func TestInvalidAndPermanentGoToTheDLQAtOnce(t *testing.T) {
 	rejected := newEvent("doc", "d-1", "doc.written", 0)
 	p.setFail(func(consumer string, e envelope.Envelope) error {
 		if consumer == "search-indexer" && e.ID == rejected.ID {
-			return inbox.Permanent(errors.New("document schema not supported"))
+			return envelope.Permanent(errors.New("document schema not supported"))
 		}
 		return nil
 	})
