@@ -37,11 +37,11 @@ func demoOptions(t *testing.T, orders, rate int) (options, *bytes.Buffer, *pgtes
 	db := pgtest.NewEmpty(t)
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
+	t.Setenv("FIFOBOX_SNS_NAME_PREFIX", "t"+hex.EncodeToString(b)+"-")
 	out := &bytes.Buffer{}
 	return options{
 		dbURL: db.URL, orders: orders, rate: rate, period: time.Second,
 		metricsPath: filepath.Join(t.TempDir(), "metrics.emf.jsonl"), out: out,
-		topologyPrefix: "t" + hex.EncodeToString(b) + "-",
 	}, out, db
 }
 

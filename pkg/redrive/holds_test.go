@@ -12,8 +12,8 @@ import (
 
 	"github.com/fifobox/fifobox/internal/pgtest"
 	"github.com/fifobox/fifobox/pkg/envelope"
-	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/redrive"
+	"github.com/fifobox/fifobox/pkg/transport/sns"
 )
 
 type countingDLQ struct{ sent int }
@@ -38,8 +38,8 @@ func TestReleaseHolds(t *testing.T) {
 	}
 	dlq := &countingDLQ{}
 	var applied int
-	h, err := inbox.NewHandler(db.Pool, dlq, func(context.Context, pgx.Tx, envelope.Envelope) error { applied++; return nil },
-		inbox.HandlerConfig{Consumer: "c", DLQURL: "d", Logger: quiet})
+	h, err := sns.NewHandler(db.Pool, dlq, func(context.Context, pgx.Tx, envelope.Envelope) error { applied++; return nil },
+		sns.HandlerConfig{Consumer: "c", DLQURL: "d", Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func TestReleaseHolds(t *testing.T) {
 	if applied != 0 || dlq.sent != 1 {
 		t.Fatalf("g1 is held: applied %d, dead-lettered %d", applied, dlq.sent)
 	}
-	svc, _ := redrive.New(db.Pool, nil, redrive.Config{Logger: quiet})
+	svc, _ := redrive.New(db.Pool, redrive.Config{Logger: quiet})
 	if _, err := svc.Execute(ctx, redrive.Command{Operation: redrive.OpReleaseHolds}); err == nil {
 		t.Fatal("release-holds without a consumer accepted")
 	}
