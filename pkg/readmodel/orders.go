@@ -1,6 +1,6 @@
 // Package readmodel is fifobox's example consumer: it keeps the
 // orders_read_model table current from order events. It shows the pattern to
-// copy: a pure Apply function over (tx, envelope) that inbox.Handler runs
+// copy: a pure Apply function over (tx, envelope) that the consumers' handlers run
 // inside the inbox transaction, so each event changes the table exactly once.
 package readmodel
 

@@ -19,6 +19,9 @@ import (
 // source has no partial batch response, plus one EMF metrics line per
 // invocation, as the SQS consumer emits per batch.
 func (t *Transport) LambdaHandler(lc transport.LambdaConfig) (any, error) {
+	if err := t.inTopology(lc.Consumer); err != nil {
+		return nil, fmt.Errorf("new consumer: %w", err)
+	}
 	if lc.Logger == nil {
 		lc.Logger = slog.Default()
 	}

@@ -77,7 +77,19 @@ func (t *Transport) Operations() (transport.Operations, error) { return t.ops, n
 
 // Consumer returns a Runner for the named consumer.
 func (t *Transport) Consumer(name string, db inbox.DB, apply inbox.Apply) (transport.Runner, error) {
+	if err := t.inTopology(name); err != nil {
+		return nil, err
+	}
 	return NewRunner(t.cfg, db, apply, ConsumerConfig{Consumer: name, LogAggregateIDs: Env.Get(EnvLogAggregateIDs) == "true"})
+}
+
+// inTopology reports a consumer the topology lacks, naming the variable
+// that chose the topology.
+func (t *Transport) inTopology(name string) error {
+	if _, ok := t.cfg.Topology.Consumer(name); !ok {
+		return fmt.Errorf("consumer %q is not in the topology (%s)", name, EnvTopology)
+	}
+	return nil
 }
 
 // Close closes the publisher's and operations' connections.
