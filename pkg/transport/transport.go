@@ -186,6 +186,9 @@ type Operations interface {
 // ARN to publish), naming the variable.
 type Transport interface {
 	Kind() Kind
+	// String describes the broker and its topology in one line, without
+	// credentials (make local prints it).
+	String() string
 	// Publisher is safe for the dispatcher's concurrent Publish calls.
 	Publisher() (Publisher, error)
 	Provisioner() (Provisioner, error)
