@@ -1,12 +1,15 @@
-// Command fifobox is the operator CLI: migrate, status, dead list and
-// requeue, DLQ redrive, replay, prune and the audit trail.
+// Command fifobox is the operator CLI: every operation of the redrive
+// Lambda (redrive.Ops: migrate, status, dead list/requeue/discard,
+// retry-now, redrive, dlq list/peek/discard, release-holds, replay, prune,
+// audit), and the long-running processes (dispatch, consume) and provision.
 //
 // Locally it talks to PostgreSQL (--database-url, FIFOBOX_DATABASE_URL) and
 // to the transport FIFOBOX_TRANSPORT names (transport.Open): SQS at
 // AWS_ENDPOINT_URL (the emulator, LocalStack or Floci) by default, RabbitMQ
 // or NATS. Against AWS, --via-lambda FUNCTION sends the same JSON command to
 // the redrive Lambda, which runs it inside the VPC next to RDS Proxy and
-// audits it.
+// audits it. A command that cannot do what it was asked, or a status
+// section that cannot be read, says why on stderr (and in --json) and exits 1.
 package main
 
 import (
@@ -19,6 +22,7 @@ import (
 	"os"
 	"os/signal"
 	"os/user"
+	"strings"
 	"syscall"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -28,6 +32,8 @@ import (
 
 	"github.com/fifobox/fifobox/pkg/awsclient"
 	"github.com/fifobox/fifobox/pkg/db"
+	"github.com/fifobox/fifobox/pkg/lambdafn"
+	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/redrive"
 	"github.com/fifobox/fifobox/pkg/transport"
 
@@ -49,10 +55,16 @@ type app struct {
 	actor       string
 	verbose     bool
 	out, errOut io.Writer
+	// in is where confirmations are read; interactive says it is a terminal
+	// (and errOut too: progress redraws in place).
+	in          io.Reader
+	interactive bool
 
+	root   *cobra.Command
 	pool   *pgxpool.Pool
 	awsCfg *aws.Config         // loaded once per process: IAM auth and the Lambda client share it
 	tr     transport.Transport // opened once per process, closed with the pool
+	prog   *progress
 }
 
 // aws returns the AWS SDK configuration, loading it on first use.
@@ -69,38 +81,52 @@ func (a *app) aws(ctx context.Context) (aws.Config, error) {
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	a := &app{out: os.Stdout, errOut: os.Stderr}
+	go func() {
+		// The first signal stops gracefully; a second one kills at once.
+		<-ctx.Done()
+		stop()
+	}()
+	a := &app{out: os.Stdout, errOut: os.Stderr, in: os.Stdin, interactive: isTerminal(os.Stdin) && isTerminal(os.Stderr)}
 	root := a.rootCmd()
-	if err := root.ExecuteContext(ctx); err != nil {
+	err := root.ExecuteContext(ctx)
+	a.close()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "fifobox:", err)
 		os.Exit(1)
+	}
+}
+
+func isTerminal(f *os.File) bool {
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+func (a *app) close() {
+	if a.tr != nil {
+		_ = a.tr.Close()
+	}
+	if a.pool != nil {
+		a.pool.Close()
 	}
 }
 
 func (a *app) rootCmd() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "fifobox",
-		Short: "Operate a fifobox outbox pipeline (PostgreSQL outbox -> SNS FIFO -> SQS FIFO consumers)",
-		Long: `fifobox operates the outbox pipeline: schema migrations, backlog and queue status,
-dead events, DLQ redrive, replay to one consumer, pruning. Every change is audited
-in the redrive_audit table.
+		Short: "Operate a fifobox outbox pipeline (PostgreSQL outbox -> SNS FIFO, RabbitMQ or NATS -> consumers)",
+		Long: `fifobox operates the outbox pipeline: schema migrations, status, dead events, retries,
+dead-letter queues (list, peek, redrive, discard), replay to one consumer, pruning and
+the audit trail; and runs the dispatcher and consumers as long-running processes.
+Every change is audited in the redrive_audit table.
 
 Locally it uses PostgreSQL (--database-url) and the transport FIFOBOX_TRANSPORT
-names for status, replay, dlq-redrive, provision and consume: SQS at
-AWS_ENDPOINT_URL (sns, the default), RabbitMQ (FIFOBOX_AMQP_URL,
+names: SQS at AWS_ENDPOINT_URL (sns, the default), RabbitMQ (FIFOBOX_AMQP_URL,
 FIFOBOX_AMQP_TOPOLOGY) or NATS JetStream (FIFOBOX_NATS_URL, FIFOBOX_NATS_TOPOLOGY).
-Against AWS, --via-lambda FUNCTION runs the same command in the redrive Lambda.`,
+Against AWS, --via-lambda FUNCTION runs the same command in the redrive Lambda:
+each command is one operation of its JSON ({"operation": "dead-requeue", ...}).
+A command that cannot do what it was asked says why on stderr and exits 1.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		PersistentPostRun: func(*cobra.Command, []string) {
-			if a.tr != nil {
-				_ = a.tr.Close()
-			}
-			if a.pool != nil {
-				a.pool.Close()
-			}
-		},
 	}
 	def := os.Getenv("FIFOBOX_DATABASE_URL")
 	if def == "" {
@@ -114,12 +140,13 @@ Against AWS, --via-lambda FUNCTION runs the same command in the redrive Lambda.`
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.databaseURL, "database-url", def, "PostgreSQL connection string (env FIFOBOX_DATABASE_URL)")
 	pf.StringVar(&a.viaLambda, "via-lambda", os.Getenv("FIFOBOX_REDRIVE_FUNCTION"), "run the command in this redrive Lambda function (name or ARN; env FIFOBOX_REDRIVE_FUNCTION)")
-	pf.StringVar(&a.queuesJSON, "queues", os.Getenv("FIFOBOX_QUEUES"), `with sns, consumer queues as JSON {"<consumer>":{"queue_url":"...","dlq_url":"...","subscription_dlq_url":"..."}} (env FIFOBOX_QUEUES; default: look up the topology's queue names)`)
-	pf.BoolVar(&a.jsonOut, "json", false, "print the result as JSON")
+	pf.StringVar(&a.queuesJSON, "queues", os.Getenv(sns.EnvQueues), `with sns, consumer queues as JSON {"<consumer>":{"queue_url":"...","dlq_url":"...","subscription_dlq_url":"..."}} (env FIFOBOX_QUEUES; default: look up the topology's queue names)`)
+	pf.BoolVar(&a.jsonOut, "json", false, "print the result as JSON (snake_case; durations in seconds)")
 	pf.StringVar(&a.actor, "actor", who+"@"+host, "who is asking, recorded in the audit trail")
 	pf.BoolVarP(&a.verbose, "verbose", "v", false, "log operation details to stderr")
-	root.AddCommand(a.migrateCmd(), a.statusCmd(), a.deadCmd(), a.redriveCmd(), a.releaseHoldsCmd(), a.replayCmd(), a.pruneCmd(), a.auditCmd(),
-		a.provisionCmd(), a.consumeCmd())
+	a.addOperations(root)
+	root.AddCommand(a.provisionCmd(), a.consumeCmd(), a.dispatchCmd())
+	a.root = root
 	return root
 }
 
@@ -129,14 +156,14 @@ func (a *app) run(ctx context.Context, cmd redrive.Command) (redrive.Result, err
 	// The same guards the function applies, checked before anything is
 	// sent or connected to.
 	if err := cmd.Validate(); err != nil {
-		return redrive.Result{}, err
+		return redrive.Result{Operation: cmd.Operation}, err
 	}
 	if a.viaLambda != "" {
 		return a.invoke(ctx, cmd)
 	}
 	svc, err := a.service(ctx, cmd.Operation)
 	if err != nil {
-		return redrive.Result{}, err
+		return redrive.Result{Operation: cmd.Operation}, err
 	}
 	return svc.Execute(ctx, cmd)
 }
@@ -148,18 +175,34 @@ func (a *app) logger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
+// databaseSource names where the connection string came from, for errors:
+// the flag when it was given, else the variable.
+func (a *app) databaseSource() string {
+	if a.root != nil {
+		if f := a.root.PersistentFlags().Lookup("database-url"); f != nil && f.Changed {
+			return "--database-url"
+		}
+	}
+	if os.Getenv("FIFOBOX_DATABASE_URL") != "" {
+		return "FIFOBOX_DATABASE_URL"
+	}
+	return "--database-url (default " + DefaultDatabaseURL + ")"
+}
+
 func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	if a.pool != nil {
 		return a.pool, nil
 	}
 	cfg := db.Config{URL: a.databaseURL, MaxConns: 4}
+	fromFlag := true
 	if os.Getenv("FIFOBOX_DATABASE_URL") == "" && os.Getenv("FIFOBOX_DB_HOST") != "" && a.databaseURL == DefaultDatabaseURL {
-		// RDS Proxy settings in the environment (e.g. from a bastion).
+		// RDS Proxy settings in the environment (a task or bastion set up
+		// as the Lambdas are).
 		c, err := db.FromEnv()
 		if err != nil {
 			return nil, err
 		}
-		cfg = c
+		cfg, fromFlag = c, false
 	}
 	var creds aws.CredentialsProvider
 	if cfg.IAMAuth {
@@ -171,6 +214,12 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	}
 	pool, err := db.Open(ctx, cfg, creds)
 	if err != nil {
+		if fromFlag {
+			// pkg/db names the variable; the value may have come from the flag.
+			if src := a.databaseSource(); src != "FIFOBOX_DATABASE_URL" {
+				err = errors.New(strings.Replace(err.Error(), "FIFOBOX_DATABASE_URL", src, 1))
+			}
+		}
 		return nil, err
 	}
 	a.pool = pool
@@ -178,26 +227,57 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 }
 
 func (a *app) service(ctx context.Context, op string) (*redrive.Service, error) {
+	spec, _ := redrive.Spec(op)
+	cfg := redrive.Config{Logger: a.logger(), Progress: a.progress()}
 	pool, err := a.connect(ctx)
 	if err != nil {
-		return nil, err
-	}
-	cfg := redrive.Config{Logger: a.logger(), Progress: a.progress}
-	if op == redrive.OpStatus || op == redrive.OpReplay || op == redrive.OpDLQRedrive {
-		// The broker side of these goes through the transport, whichever it is.
-		t, err := a.transport(ctx)
-		if err != nil {
+		if op != redrive.OpStatus {
 			return nil, err
 		}
-		if cfg.Operations, err = t.Operations(); err != nil {
-			return nil, err
+		// status shows what it can: the queues without the database.
+		cfg.DBError = err
+	}
+	if spec.Broker {
+		// The broker side goes through the transport, whichever it is.
+		t, err := a.transport(ctx)
+		if err == nil {
+			cfg.Transport = string(t.Kind())
+			cfg.Operations, err = t.Operations()
+		}
+		if err != nil {
+			if op != redrive.OpStatus {
+				return nil, err
+			}
+			cfg.Operations = brokenOps{err}
 		}
 	}
 	return redrive.New(pool, cfg)
 }
 
-// transport opens the transport FIFOBOX_TRANSPORT names, once. --queues
-// (sns) is its FIFOBOX_QUEUES.
+// brokenOps stands for a transport that could not be opened: status shows
+// why in its queues section.
+type brokenOps struct {
+	err error
+}
+
+func (b brokenOps) Depths(context.Context, ...string) ([]transport.QueueDepth, error) {
+	return nil, b.err
+}
+func (b brokenOps) Redrive(context.Context, transport.RedriveRequest) (transport.RedriveResult, error) {
+	return transport.RedriveResult{}, b.err
+}
+func (b brokenOps) Replay(context.Context, string, []outbox.Message) (int, error) { return 0, b.err }
+func (b brokenOps) Selects(string, outbox.Message) (bool, error)                  { return false, b.err }
+func (b brokenOps) Peek(context.Context, transport.PeekRequest) (transport.PeekResult, error) {
+	return transport.PeekResult{}, b.err
+}
+func (b brokenOps) Discard(context.Context, transport.DiscardRequest) (transport.DiscardResult, error) {
+	return transport.DiscardResult{}, b.err
+}
+
+// transport opens the transport FIFOBOX_TRANSPORT names, once, with
+// secrets from Secrets Manager as the Lambdas read them. --queues (sns) is
+// its FIFOBOX_QUEUES.
 func (a *app) transport(ctx context.Context) (transport.Transport, error) {
 	if a.tr != nil {
 		return a.tr, nil
@@ -207,7 +287,15 @@ func (a *app) transport(ctx context.Context) (transport.Transport, error) {
 			return nil, err
 		}
 	}
-	t, err := transport.Open(ctx, transport.Options{Logger: a.logger()})
+	o := transport.Options{Logger: a.logger()}
+	if needsSecrets() {
+		awsCfg, err := a.aws(ctx)
+		if err != nil {
+			return nil, err
+		}
+		o.Secret = lambdafn.SecretsManager(awsCfg)
+	}
+	t, err := transport.Open(ctx, o)
 	if err != nil {
 		return nil, err
 	}
@@ -215,18 +303,28 @@ func (a *app) transport(ctx context.Context) (transport.Transport, error) {
 	return t, nil
 }
 
+// needsSecrets reports whether a broker secret is configured (then the
+// transport reads it from Secrets Manager, as the Lambdas do).
+func needsSecrets() bool {
+	return os.Getenv("FIFOBOX_AMQP_SECRET_ARN") != "" || os.Getenv("FIFOBOX_NATS_SECRET_ARN") != ""
+}
+
 // invoke sends cmd to the redrive Lambda and decodes its result.
 func (a *app) invoke(ctx context.Context, cmd redrive.Command) (redrive.Result, error) {
+	res := redrive.Result{Operation: cmd.Operation}
 	awsCfg, err := a.aws(ctx)
 	if err != nil {
-		return redrive.Result{}, err
+		return res, err
 	}
 	client := lambdasvc.NewFromConfig(awsCfg, func(o *lambdasvc.Options) { o.HTTPClient = awsclient.HTTPClient() })
-	payload, _ := json.Marshal(cmd)
+	payload, err := cmd.JSON()
+	if err != nil {
+		return res, err
+	}
 	fmt.Fprintf(a.errOut, "invoking %s: %s (runs synchronously; Lambda timeout applies)\n", a.viaLambda, cmd.Operation)
 	out, err := client.Invoke(ctx, &lambdasvc.InvokeInput{FunctionName: aws.String(a.viaLambda), Payload: payload})
 	if err != nil {
-		return redrive.Result{}, fmt.Errorf("invoke %s: %w", a.viaLambda, err)
+		return res, fmt.Errorf("invoke %s: %w", a.viaLambda, err)
 	}
 	if out.FunctionError != nil {
 		var fe struct {
@@ -237,24 +335,12 @@ func (a *app) invoke(ctx context.Context, cmd redrive.Command) (redrive.Result, 
 		if fe.ErrorMessage == "" {
 			fe.ErrorMessage = string(out.Payload)
 		}
-		return redrive.Result{}, fmt.Errorf("%s failed (%s): %s", a.viaLambda, aws.ToString(out.FunctionError), fe.ErrorMessage)
+		return res, fmt.Errorf("%s failed (%s): %s", a.viaLambda, aws.ToString(out.FunctionError), fe.ErrorMessage)
 	}
-	var res redrive.Result
 	if err := json.Unmarshal(out.Payload, &res); err != nil {
-		return redrive.Result{}, fmt.Errorf("decode %s response: %w", a.viaLambda, err)
+		return res, fmt.Errorf("decode %s response: %w", a.viaLambda, err)
 	}
 	return res, nil
 }
 
-func (a *app) progress(op string, done, total int64) {
-	if total > 0 {
-		fmt.Fprintf(a.errOut, "\r%s: %d/%d (%d%%)", op, done, total, done*100/total)
-		if done >= total {
-			fmt.Fprintln(a.errOut)
-		}
-		return
-	}
-	fmt.Fprintf(a.errOut, "\r%s: %d", op, done)
-}
-
-var errNoLocal = errors.New("this command needs a direct database connection; it is not available with --via-lambda")
+var errNoLocal = errors.New("this command needs a direct connection; it is not available with --via-lambda")

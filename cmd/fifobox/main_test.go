@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/redrive"
 )
 
@@ -62,7 +61,7 @@ func lambdaEnv(t *testing.T, h http.Handler) {
 // prints the function's result.
 func TestViaLambdaSendsTheCommand(t *testing.T) {
 	f := &fakeLambda{respond: func(w http.ResponseWriter) {
-		_, _ = w.Write([]byte(`{"operation":"requeue-dead","audit_id":7,"affected":3,"aggregates":2,"message":"requeued 3 dead events of 2 aggregates"}`))
+		_, _ = w.Write([]byte(`{"operation":"dead-requeue","audit_id":7,"affected":3,"aggregates":2,"message":"requeued 3 dead events of 2 aggregates"}`))
 	}}
 	lambdaEnv(t, f)
 	out, _, err := runCLI(t, "--via-lambda", "fifobox-redrive", "--actor", "alice@laptop",
@@ -77,7 +76,7 @@ func TestViaLambdaSendsTheCommand(t *testing.T) {
 		t.Fatalf("requests %v", f.paths)
 	}
 	p := f.payloads[0]
-	if p["operation"] != "requeue-dead" || p["actor"] != "alice@laptop" || p["aggregate_type"] != "order" {
+	if p["operation"] != "dead-requeue" || p["actor"] != "alice@laptop" || p["aggregate_type"] != "order" {
 		t.Fatalf("payload %v", p)
 	}
 	if ids, _ := p["event_ids"].([]any); len(ids) != 1 || ids[0] != "0193c1f4-1c2d-7000-8000-000000000001" {
@@ -90,10 +89,10 @@ func TestViaLambdaSendsTheCommand(t *testing.T) {
 func TestViaLambdaFunctionError(t *testing.T) {
 	lambdaEnv(t, &fakeLambda{respond: func(w http.ResponseWriter) {
 		w.Header().Set("X-Amz-Function-Error", "Unhandled")
-		_, _ = w.Write([]byte(`{"errorMessage":"replay: aggregate_type is required","errorType":"errorString"}`))
+		_, _ = w.Write([]byte(`{"errorMessage":"replay: selected events were pruned","errorType":"errorString"}`))
 	}})
-	_, _, err := runCLI(t, "--via-lambda", "fifobox-redrive", "replay", "--consumer", "audit")
-	if err == nil || !strings.Contains(err.Error(), "aggregate_type is required") {
+	_, _, err := runCLI(t, "--via-lambda", "fifobox-redrive", "replay", "--consumer", "audit", "--aggregate-type", "order", "--since", "7d")
+	if err == nil || !strings.Contains(err.Error(), "selected events were pruned") {
 		t.Fatalf("err = %v, want the function's message", err)
 	}
 }
@@ -106,14 +105,22 @@ func TestFlagValidation(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"redrive"}, "--consumer is required"},
+		{[]string{"redrive"}, "--consumer: required"},
 		{[]string{"redrive", "--consumer", "audit", "--from", "elsewhere"}, "--from"},
-		{[]string{"replay", "--aggregate-type", "order"}, "--consumer is required"},
+		{[]string{"replay", "--aggregate-type", "order"}, "--consumer: required"},
+		{[]string{"replay", "--consumer", "audit", "--aggregate-type", "order"}, "--since: required"},
+		{[]string{"dead", "list", "--limit", "-1"}, "--limit: -1: must be at least 1"},
+		{[]string{"dead", "requeue", "--event-id", "nope"}, "--event-id"},
+		{[]string{"dlq", "discard", "--consumer", "audit", "--reason", "x"}, "--message: choose"},
+		{[]string{"dlq", "discard", "--consumer", "audit", "--group", "g"}, "--reason: required"},
+		{[]string{"redrive", "--consumer", "audit", "--older-than", "1d"}, "unknown flag: --older-than"},
 		{[]string{"replay", "--consumer", "audit", "--since", "yesterday"}, "--since"},
 		{[]string{"dead", "requeue", "--until", "soon"}, "--until"},
 		// Retention guards: checked before the function is invoked, and by it.
-		{[]string{"prune", "--older-than", "0s"}, "older_than"},
-		{[]string{"prune", "--inbox-older-than", "336h"}, "inbox_older_than"},
+		{[]string{"prune", "--older-than", "0s"}, "--older-than"},
+		{[]string{"prune", "--older-than", "23h"}, "--older-than: 23h0m0s: want at least 1d"},
+		{[]string{"prune", "--inbox-older-than", "336h"}, "--inbox-older-than: 14d: want at least 15d"},
+		{[]string{"prune", "--inbox-older-than", "a month"}, "--inbox-older-than"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
@@ -132,9 +139,10 @@ func TestFlagValidation(t *testing.T) {
 // has its own meaning (and its own alarm).
 func TestStatusShowsTheSplitBacklog(t *testing.T) {
 	var out bytes.Buffer
-	a := &app{out: &out, errOut: &out}
-	printStatus(a, &redrive.Status{Backlog: outbox.Backlog{Pending: 9, DueEvents: 3, InFlight: 1, BackingOffEvents: 2,
-		RetryingAggregates: 1, ParkedEvents: 4, ParkedAggregates: 2, Dead: 2, OldestDueAge: 1500 * time.Millisecond}})
+	ok := redrive.Section{State: redrive.StateOK}
+	printStatus(&out, &redrive.Status{State: redrive.StateOK, Outbox: redrive.OutboxStatus{Section: ok, Pending: 9, DueEvents: 3,
+		InFlightAggregates: 1, BackingOffEvents: 2, RetryingAggregates: 1, ParkedEvents: 4, ParkedAggregates: 2, Dead: 2,
+		OldestDueAge: redrive.Duration(1500 * time.Millisecond)}, Errors: redrive.ErrorsStatus{Section: ok}, Queues: redrive.QueuesStatus{Section: ok}})
 	for _, want := range []string{"3 events, 1 aggregates in flight", "1.5s",
 		"2 events, 1 aggregates retrying", "4 events, 2 aggregates, 2 dead"} {
 		if !strings.Contains(out.String(), want) {
