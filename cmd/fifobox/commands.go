@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -178,7 +179,8 @@ func (a *app) fail(op string, err error) error {
 	return err
 }
 
-// statusError names every section of st that could not be read, in full.
+// statusError names every section of st that could not be read, and each
+// consumer's reason in full (consumers failing alike once).
 func statusError(st *redrive.Status) error {
 	var parts []string
 	add := func(name string, s redrive.Section) {
@@ -188,11 +190,34 @@ func statusError(st *redrive.Status) error {
 	}
 	add("outbox", st.Outbox.Section)
 	add("errors", st.Errors.Section)
-	add("queues", st.Queues.Section)
-	for _, q := range st.Queues.Consumers {
-		if q.State != redrive.StateOK && q.State != redrive.StateNone && q.Error != "" {
-			parts = append(parts, fmt.Sprintf("consumer %s %s: %s", q.Consumer, q.State, q.Error))
-		}
+	if !st.Queues.OK() && len(consumerErrors(st.Queues.Consumers)) == 0 {
+		add("queues", st.Queues.Section)
+	}
+	for _, ce := range consumerErrors(st.Queues.Consumers) {
+		parts = append(parts, fmt.Sprintf("queues of %s %s: %s", strings.Join(ce.consumers, ", "), ce.state, ce.err))
 	}
 	return fmt.Errorf("status is %s: %s", st.State, strings.Join(parts, "; "))
+}
+
+type consumerError struct {
+	consumers  []string
+	state, err string
+}
+
+// consumerErrors groups the consumers whose queues could not be read by
+// their reason.
+func consumerErrors(qs []redrive.QueueDepth) []consumerError {
+	var out []consumerError
+	for _, q := range qs {
+		if q.State == redrive.StateOK || q.State == redrive.StateNone || q.Error == "" {
+			continue
+		}
+		i := slices.IndexFunc(out, func(c consumerError) bool { return c.err == q.Error && c.state == q.State })
+		if i < 0 {
+			out = append(out, consumerError{state: q.State, err: q.Error})
+			i = len(out) - 1
+		}
+		out[i].consumers = append(out[i].consumers, q.Consumer)
+	}
+	return out
 }

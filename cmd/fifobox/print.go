@@ -90,7 +90,7 @@ func printStatus(w io.Writer, s *redrive.Status) {
 		title += " (" + q.Transport + ")"
 	}
 	fmt.Fprintln(w, title)
-	if !q.OK() {
+	if !q.OK() && len(consumerErrors(q.Consumers)) == 0 {
 		fmt.Fprintf(w, "  could not be read (%s): %s\n", q.State, q.Error)
 	}
 	if len(q.Consumers) == 0 {
@@ -106,8 +106,11 @@ func printStatus(w io.Writer, s *redrive.Status) {
 			fig(d.DLQ), fig(d.DLQInFlight), subFig(d), fig(d.HeldGroups), fig(d.HeldMessages))
 	}
 	_ = tw.Flush()
+	for _, ce := range consumerErrors(q.Consumers) {
+		fmt.Fprintf(w, "  %s: %s\n", strings.Join(ce.consumers, ", "), ce.err)
+	}
 	for _, d := range q.Consumers {
-		if d.Error != "" {
+		if d.Error != "" && (d.State == redrive.StateOK || d.State == redrive.StateNone) {
 			fmt.Fprintf(w, "  %s: %s\n", d.Consumer, d.Error)
 		}
 	}

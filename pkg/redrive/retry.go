@@ -45,7 +45,7 @@ var (
 	uuidRE    = regexp.MustCompile(`[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}`)
 	hexRE     = regexp.MustCompile(`\b[0-9a-fA-F]{8,}\b`)
 	numberRE  = regexp.MustCompile(`\b\d{5,}\b`)
-	requestRE = regexp.MustCompile(`(?i)(request ?id:?\s*)\S+`)
+	requestRE = regexp.MustCompile(`(?i)(request ?id:?\s*)[^\s,;]+`)
 )
 
 // classOf is err's class: ids, request ids and numbers of five digits or

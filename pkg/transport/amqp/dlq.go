@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
@@ -21,9 +22,11 @@ import (
 // dlqPass is one pass over a consumer's DLQ on a channel of its own.
 type dlqPass struct {
 	c     Consumer
+	conn  *amqp091.Connection
 	ch    *amqp091.Channel
 	depth int
-	last  uint64 // delivery tag of the last message taken
+	taken []uint64 // delivery tags taken and not acknowledged, ascending
+	acked int
 }
 
 func (o *Operations) openPass(ctx context.Context, consumer string, from transport.DLQ) (*dlqPass, error) {
@@ -46,7 +49,7 @@ func (o *Operations) openPass(ctx context.Context, consumer string, from transpo
 	if err != nil {
 		return nil, fmt.Errorf("open channel: %w", err)
 	}
-	return &dlqPass{c: c, ch: ch, depth: q.Messages}, nil
+	return &dlqPass{c: c, conn: conn, ch: ch, depth: q.Messages}, nil
 }
 
 // next takes the DLQ's next message, unacknowledged; ok is false once the
@@ -60,20 +63,41 @@ func (p *dlqPass) next(taken int) (amqp091.Delivery, bool, error) {
 		return m, false, fmt.Errorf("get from %s: %w", p.c.DLQName(), err)
 	}
 	if ok {
-		p.last = m.DeliveryTag
+		p.taken = append(p.taken, m.DeliveryTag)
 	}
 	return m, ok, nil
 }
 
-// close gives back every message taken and not acknowledged, in place.
+// ack deletes m, taken in this pass.
+func (p *dlqPass) ack(m amqp091.Delivery) error {
+	if err := p.ch.Ack(m.DeliveryTag, false); err != nil {
+		return err
+	}
+	p.acked++
+	p.taken = slices.DeleteFunc(p.taken, func(t uint64) bool { return t == m.DeliveryTag })
+	return nil
+}
+
+// close gives back every message taken and not acknowledged, in place (one
+// multiple nack up to the highest such tag; acknowledged ones are not
+// outstanding any more), and waits a few seconds at most until the queue
+// counts them again: a quorum queue applies returns asynchronously, and
+// the next operation must find them there.
 func (p *dlqPass) close() error {
 	var err error
-	if p.last > 0 {
-		if err = p.ch.Nack(p.last, true, true); err != nil {
+	if n := len(p.taken); n > 0 {
+		if err = p.ch.Nack(p.taken[n-1], true, true); err != nil {
 			err = fmt.Errorf("return messages to %s: %w", p.c.DLQName(), err)
 		}
 	}
-	return errors.Join(err, p.ch.Close())
+	err = errors.Join(err, p.ch.Close())
+	want := p.depth - p.acked
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if q, qerr := inspect(p.conn, p.c.DLQName()); qerr != nil || q.Messages >= want {
+			break
+		}
+	}
+	return err
 }
 
 // describe is m as an operator sees it.
@@ -165,7 +189,7 @@ func (o *Operations) Discard(ctx context.Context, req transport.DiscardRequest) 
 			continue
 		}
 		if !req.DryRun {
-			if err := p.ch.Ack(m.DeliveryTag, false); err != nil {
+			if err := p.ack(m); err != nil {
 				return res, fmt.Errorf("discard: acknowledge in %s: %w", p.c.DLQName(), err)
 			}
 		}
@@ -209,7 +233,7 @@ func (o *Operations) redriveGroups(ctx context.Context, req transport.RedriveReq
 			return fmt.Errorf("send to %s (the messages stay in the DLQ): %w", p.c.QueueName(), err)
 		}
 		for _, m := range batch {
-			if err := p.ch.Ack(m.DeliveryTag, false); err != nil {
+			if err := p.ack(m); err != nil {
 				return fmt.Errorf("acknowledge in %s (re-sent; the inbox drops copies): %w", p.c.DLQName(), err)
 			}
 		}

@@ -52,7 +52,7 @@ func (o *Operations) Depths(ctx context.Context, consumers ...string) ([]transpo
 		if down != nil {
 			d := unknownDepth(name)
 			d.QueueState, d.DLQState, d.SubscriptionDLQState = transport.StateUnreachable, transport.StateUnreachable, transport.StateUnreachable
-			d.Error = down.Error()
+			d.Error = down.Error() // the same SQS, not asked again
 			out = append(out, d)
 			continue
 		}
@@ -167,7 +167,7 @@ func sqsError(err error) error {
 		if p, perr := url.Parse(u.URL); perr == nil {
 			endpoint = p.Scheme + "://" + p.Host
 		}
-		return fmt.Errorf("SQS endpoint %s unreachable: %w", endpoint, err)
+		return fmt.Errorf("SQS endpoint %s unreachable: %w", endpoint, u.Err)
 	}
 	return err
 }
