@@ -44,7 +44,7 @@ func TestPruneOutboxAndInbox(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name               string
-		cmd                string // the command's JSON, without the operation
+		cmd                string        // the command's JSON, without the operation
 		deadline           time.Duration // 0: none
 		wantErr            string        // the field named
 		wantAffected       int64
