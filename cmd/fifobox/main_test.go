@@ -50,7 +50,12 @@ func runCLI(t *testing.T, args ...string) (stdout, stderr string, err error) {
 func lambdaEnv(t *testing.T, h http.Handler) {
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	t.Setenv("AWS_ENDPOINT_URL", srv.URL)
+	lambdaEndpoint(t, srv.URL)
+}
+
+// lambdaEndpoint points the AWS SDK at url (a fake Lambda Invoke API).
+func lambdaEndpoint(t *testing.T, url string) {
+	t.Setenv("AWS_ENDPOINT_URL", url)
 	t.Setenv("AWS_REGION", "us-east-1")
 	t.Setenv("AWS_ACCESS_KEY_ID", "test")
 	t.Setenv("AWS_SECRET_ACCESS_KEY", "test")
@@ -147,6 +152,34 @@ func TestStatusShowsTheSplitBacklog(t *testing.T) {
 		"2 events, 1 aggregates retrying", "4 events, 2 aggregates, 2 dead"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("status lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// Progress on stderr: plain lines when stderr is not a terminal (no \r),
+// redrawn in place on a terminal, and never above 100 %: a count past the
+// total counted at the start shows without a percentage.
+func TestProgressNeverExceedsAHundredPercent(t *testing.T) {
+	for _, tty := range []bool{false, true} {
+		var out bytes.Buffer
+		p := &progress{w: &out, tty: tty}
+		for _, n := range []int64{1, 2, 3, 4, 5} {
+			p.report("redrive", n, 3)
+		}
+		p.report("prune", 7, -1)
+		p.finish()
+		s := out.String()
+		if strings.Contains(s, "133%") || strings.Contains(s, "4/3") || strings.Contains(s, "5/3") {
+			t.Errorf("tty %t: over 100 %%:\n%q", tty, s)
+		}
+		if !strings.Contains(s, "redrive: 3/3 (100%)") || !strings.Contains(s, "redrive: 5\n") || !strings.Contains(s, "prune: 7\n") {
+			t.Errorf("tty %t: %q", tty, s)
+		}
+		if !tty && strings.Contains(s, "\r") {
+			t.Errorf("not a terminal, yet redrawn in place: %q", s)
+		}
+		if tty && !strings.Contains(s, "\r") {
+			t.Errorf("a terminal, yet not redrawn in place: %q", s)
 		}
 	}
 }

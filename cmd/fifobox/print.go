@@ -255,7 +255,8 @@ type progress struct {
 	tty   bool
 	mu    sync.Mutex
 	last  time.Time
-	open  bool // a redrawn line is waiting for its newline
+	open  bool   // a redrawn line is waiting for its newline
+	op    string // the operation on that line
 	every time.Duration
 }
 
@@ -277,8 +278,11 @@ func (p *progress) report(op string, done, total int64) {
 		final = done == total
 	}
 	if p.tty {
+		if p.open && p.op != op {
+			fmt.Fprintln(p.w)
+		}
 		fmt.Fprintf(p.w, "\r\033[K%s", line)
-		p.open = true
+		p.open, p.op = true, op
 		if final {
 			fmt.Fprintln(p.w)
 			p.open = false

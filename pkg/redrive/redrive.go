@@ -336,7 +336,7 @@ func (s *Service) Execute(ctx context.Context, cmd Command) (Result, error) {
 	if cmd.Actor == "" {
 		cmd.Actor = "unknown"
 	}
-	if cmd.Max == 0 {
+	if spec, _ := Spec(cmd.Operation); cmd.Max == 0 && spec.Takes("max") {
 		cmd.Max = defaultMax
 	}
 	var (
