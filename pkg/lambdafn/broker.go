@@ -16,6 +16,7 @@ import (
 	"github.com/fifobox/fifobox/pkg/awsclient"
 	"github.com/fifobox/fifobox/pkg/envspec"
 	"github.com/fifobox/fifobox/pkg/outbox"
+	"github.com/fifobox/fifobox/pkg/redact"
 	"github.com/fifobox/fifobox/pkg/transport"
 	"github.com/fifobox/fifobox/pkg/transport/amqp"
 	natsbus "github.com/fifobox/fifobox/pkg/transport/nats"
@@ -141,7 +142,7 @@ func (b *Broker) Credentials(ctx context.Context, fetch SecretFunc) error {
 		}
 		u, err := url.Parse(b.AMQP.URL)
 		if err != nil {
-			return fmt.Errorf("%s: %w", amqp.EnvURL, err)
+			return fmt.Errorf("%s: %w", amqp.EnvURL, redact.Error(err, b.AMQP.URL))
 		}
 		u.User = url.UserPassword(s.Username, s.Password)
 		b.AMQP.URL = u.String()

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fifobox/fifobox/pkg/envspec"
+	"github.com/fifobox/fifobox/pkg/redact"
 )
 
 // Environment variables read by ConfigFromEnv.
@@ -118,15 +119,16 @@ func (c *Config) Validate() error {
 	for _, u := range strings.Split(c.URL, ",") {
 		p, err := url.Parse(strings.TrimSpace(u))
 		if err != nil {
-			return fmt.Errorf("URL (%s) %s: %w", EnvURL, redactURL(u), err)
+			// url.Parse's error quotes the URL, password and all.
+			return fmt.Errorf("URL (%s) %s: %w", EnvURL, redact.URL(u), redact.Error(err, u))
 		}
 		switch p.Scheme {
 		case "nats", "tls", "ws", "wss":
 		default:
-			return fmt.Errorf("URL (%s) %s: scheme must be nats, tls, ws or wss", EnvURL, redactURL(u))
+			return fmt.Errorf("URL (%s) %s: scheme must be nats, tls, ws or wss", EnvURL, redact.URL(u))
 		}
 		if p.Host == "" {
-			return fmt.Errorf("URL (%s) %s: no host", EnvURL, redactURL(u))
+			return fmt.Errorf("URL (%s) %s: no host", EnvURL, redact.URL(u))
 		}
 	}
 	switch {
@@ -223,25 +225,9 @@ func (c *Config) dial(role string) (*nats.Conn, error) {
 	}
 	nc, err := nats.Connect(c.URL, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("connect to %s: %w", redactURL(c.URL), err)
+		return nil, fmt.Errorf("connect to %s: %w", redact.URL(c.URL), redact.Error(err, c.URL, c.Password, c.Token))
 	}
 	return nc, nil
-}
-
-// redactURL drops passwords from a (comma-separated) server URL for logs and errors.
-func redactURL(s string) string {
-	parts := strings.Split(s, ",")
-	for i, p := range parts {
-		u, err := url.Parse(strings.TrimSpace(p))
-		if err != nil || u.User == nil {
-			continue
-		}
-		if _, ok := u.User.Password(); ok {
-			u.User = url.UserPassword(u.User.Username(), "xxxxx")
-		}
-		parts[i] = u.String()
-	}
-	return strings.Join(parts, ",")
 }
 
 // ErrUnavailable is returned (wrapped, retryable) when the server cannot be reached.
