@@ -31,7 +31,9 @@ func NewProvisioner(cfg Config) (*Provisioner, error) {
 // delete the entity (after draining it) or keep its old settings.
 var ErrTopologyConflict = errors.New("amqp: an existing exchange or queue has other settings than the topology")
 
-// Provision declares, in order: the events exchange; the dead-letter
+// Provision declares, in order: under the alternate unrouted policy the
+// alternate exchange "<exchange>.unrouted" (fanout) and its catch-all
+// queue; the events exchange; the dead-letter
 // exchange (direct); per consumer its queue (durable, single active
 // consumer, dead-lettering to "<queue>.dlq", quorum or classic), the queue's
 // bindings, its DLQ bound to the dead-letter exchange, and one delay queue
@@ -62,7 +64,23 @@ func (p *Provisioner) Provision(ctx context.Context) error {
 		}
 		return fmt.Errorf("provision %s: %w", what, err)
 	}
-	if err := step("exchange "+t.Exchange.Name, ch.ExchangeDeclare(t.Exchange.Name, t.Exchange.Kind, true, false, false, false, nil)); err != nil {
+	var exchangeArgs amqp091.Table
+	if ae := t.AlternateExchange(); ae != "" {
+		// The catch-all first: the events exchange names it. Changing the
+		// policy of an existing events exchange is a conflict (RabbitMQ
+		// compares alternate-exchange on redeclaration).
+		if err := step("alternate exchange "+ae, ch.ExchangeDeclare(ae, KindFanout, true, false, false, false, nil)); err != nil {
+			return err
+		}
+		if _, err := ch.QueueDeclare(t.Unrouted.Queue, true, false, false, false, t.dlqArgs()); err != nil {
+			return step("queue "+t.Unrouted.Queue, err)
+		}
+		if err := step("binding "+ae+" -> "+t.Unrouted.Queue, ch.QueueBind(t.Unrouted.Queue, "", ae, false, nil)); err != nil {
+			return err
+		}
+		exchangeArgs = amqp091.Table{"alternate-exchange": ae}
+	}
+	if err := step("exchange "+t.Exchange.Name, ch.ExchangeDeclare(t.Exchange.Name, t.Exchange.Kind, true, false, false, false, exchangeArgs)); err != nil {
 		return err
 	}
 	if err := step("dead-letter exchange "+t.DeadLetterExchange, ch.ExchangeDeclare(t.DeadLetterExchange, KindDirect, true, false, false, false, nil)); err != nil {
