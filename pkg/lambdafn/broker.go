@@ -34,6 +34,7 @@ const (
 // that transport's settings, and the secret holding its credentials.
 var BrokerEnv = envspec.Join(transport.Env, amqp.Env, natsbus.Env, envspec.Set{
 	{Name: EnvAMQPSecretARN, Doc: `Secrets Manager secret {"username","password"} for FIFOBOX_AMQP_URL (Amazon MQ: the event source mapping's BASIC_AUTH secret); unset: credentials in the URL`},
+	{Name: EnvAMQPUserSecrets, Doc: `the provisioner's (migrate's) broker users to create: JSON {"dispatcher"|"operations"|"consumer:<name>": "<secret ARN>"}; unset elsewhere`},
 	{Name: EnvNATSSecretARN, Doc: `Secrets Manager secret {"username","password"}, {"token"} or {"creds"} (a .creds file's contents) for FIFOBOX_NATS_URL; unset: none or FIFOBOX_NATS_CREDS/USER/PASSWORD`},
 })
 
@@ -118,6 +119,9 @@ type brokerSecret struct {
 // credentials into the transport's configuration. Errors name the variable
 // and never carry the secret's value.
 func (b *Broker) Credentials(ctx context.Context, fetch SecretFunc) error {
+	if err := b.userCredentials(ctx, fetch); err != nil {
+		return err
+	}
 	if b.SecretARN == "" {
 		return nil
 	}

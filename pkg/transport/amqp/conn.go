@@ -67,6 +67,15 @@ type Config struct {
 	TLS *tls.Config
 	// Logger; default slog.Default().
 	Logger *slog.Logger
+
+	// Users are the functions' broker users the Provisioner creates or
+	// updates (through the management API, as URL's administrator), each
+	// with its role's permissions on URL's vhost. Empty: none.
+	Users []User
+	// ManagementURL is the RabbitMQ management API, for Users. Default:
+	// https://<host> for an amqps URL (Amazon MQ, port 443), else
+	// http://<host>:15672.
+	ManagementURL string
 }
 
 func (c *Config) setDefaults() {

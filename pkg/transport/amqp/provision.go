@@ -38,8 +38,10 @@ var ErrTopologyConflict = errors.New("amqp: an existing exchange or queue has ot
 // consumer, dead-lettering to "<queue>.dlq", quorum or classic), the queue's
 // bindings, its DLQ bound to the dead-letter exchange, and one delay queue
 // per distinct retry delay (TTL, dead-lettering back to the queue through
-// the default exchange). Declaring what exists with the same settings
-// changes nothing, so Provision is safe to run on every deploy or start.
+// the default exchange), and the consumer's settle exchange bound to its
+// retry queues and DLQ. Declaring what exists with the same settings changes
+// nothing, so Provision is safe to run on every deploy or start. Then it
+// creates or updates Config.Users through the management API.
 //
 // It does not remove bindings or queues the topology no longer lists: AMQP
 // cannot list them (the management API can); remove them by hand.
@@ -113,12 +115,28 @@ func (p *Provisioner) Provision(ctx context.Context) error {
 		if err := step("binding "+t.DeadLetterExchange+" -> "+c.DLQName(), ch.QueueBind(c.DLQName(), c.DLQName(), t.DeadLetterExchange, false, nil)); err != nil {
 			return err
 		}
+		settle := c.SettleExchange()
+		if err := step("settle exchange "+settle, ch.ExchangeDeclare(settle, KindDirect, true, false, false, false, nil)); err != nil {
+			return err
+		}
+		if err := step("binding "+settle+" -> "+c.DLQName(), ch.QueueBind(c.DLQName(), c.DLQName(), settle, false, nil)); err != nil {
+			return err
+		}
 		for _, rq := range c.RetryQueues() {
 			if _, err := ch.QueueDeclare(rq.Name, true, false, false, false, t.retryQueueArgs(c, rq.Delay)); err != nil {
 				return step("queue "+rq.Name, err)
 			}
+			if err := step("binding "+settle+" -> "+rq.Name, ch.QueueBind(rq.Name, rq.Name, settle, false, nil)); err != nil {
+				return err
+			}
 		}
 	}
 	p.cfg.Logger.Info("amqp: topology provisioned", "exchange", t.Exchange.Name, "consumers", len(t.Consumers))
-	return ch.Close()
+	if err := ch.Close(); err != nil {
+		return fmt.Errorf("provision: %w", err)
+	}
+	if len(p.cfg.Users) > 0 {
+		return p.provisionUsers(ctx)
+	}
+	return nil
 }

@@ -174,6 +174,12 @@ func (c Consumer) QueueName() string {
 // routing key that the dead-letter exchange routes to it with.
 func (c Consumer) DLQName() string { return c.QueueName() + ".dlq" }
 
+// SettleExchange is the consumer's own direct exchange, "<queue>.settle",
+// bound to its retry queues and its DLQ (each by its name): the consumer
+// publishes its retries and dead letters there, so its broker user may write
+// to that exchange only, never into another consumer's queues.
+func (c Consumer) SettleExchange() string { return c.QueueName() + ".settle" }
+
 // RetryQueueName is the queue holding messages waiting for retry n
 // (1-based): "<queue>.retry.<delay>", e.g. "orders.retry.4s". Naming it by
 // its delay rather than its number lets a changed schedule create new queues
