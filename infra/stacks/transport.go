@@ -186,6 +186,12 @@ func (c Config) validateTransport() error {
 		if !validUsername.MatchString(a.Username) {
 			return fmt.Errorf("context amqpUsername %q: letters, digits and -_.~ only", a.Username)
 		}
+		// The functions' users are named after it (BrokerUsername).
+		for _, cons := range top.Consumers {
+			if n := BrokerUsername(c, BrokerUserConsumer(cons.Name)); len(n) > 100 {
+				return fmt.Errorf("context amqpUsername %q: consumer %s's broker user %s is %d characters, Amazon MQ allows 100", a.Username, cons.Name, n, len(n))
+			}
+		}
 		if len(c.Prefix)+len("-broker") > 50 {
 			return fmt.Errorf("prefix %q: the broker's name <prefix>-broker must be at most 50 characters", c.Prefix)
 		}

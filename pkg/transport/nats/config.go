@@ -88,6 +88,11 @@ type Config struct {
 	// TLS overrides the TLS client settings (default: the system roots and
 	// the URL's host name, when the URL is tls://).
 	TLS *tls.Config
+	// InboxPrefix is the prefix of the connections' reply subjects.
+	// Default InboxPrefix(User): "_INBOX.<user>" for a user name that is one
+	// subject token, so a user's permissions can let it read its own
+	// replies only; "_INBOX" otherwise.
+	InboxPrefix string
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 }
@@ -108,6 +113,9 @@ func (c *Config) setDefaults() {
 	defd(&c.AckTimeout, 10*time.Second)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.InboxPrefix == "" {
+		c.InboxPrefix = InboxPrefix(c.User)
 	}
 }
 
@@ -210,6 +218,9 @@ func (c *Config) dial(role string) (*nats.Conn, error) {
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			log.Warn("nats: asynchronous error", "error", err.Error())
 		}),
+	}
+	if c.InboxPrefix != "" && c.InboxPrefix != "_INBOX" {
+		opts = append(opts, nats.CustomInboxPrefix(c.InboxPrefix))
 	}
 	if c.CredsFile != "" {
 		opts = append(opts, nats.UserCredentials(c.CredsFile))
