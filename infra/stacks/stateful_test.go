@@ -140,6 +140,9 @@ func TestEachFunctionHasItsOwnBrokerUser(t *testing.T) {
 			if _, generated := users[secretOf["migration"]]; generated {
 				t.Errorf("migration logs in as a function's user %s", users[secretOf["migration"]])
 			}
+			if admin == "" && !strings.Contains(asJSON(mig["FIFOBOX_AMQP_SECRET_ARN"]), "BrokerSecret") {
+				t.Errorf("migration's FIFOBOX_AMQP_SECRET_ARN %v is not the new broker's administrator secret", mig["FIFOBOX_AMQP_SECRET_ARN"])
+			}
 			userSecrets := joinTemplate(mig["FIFOBOX_AMQP_USER_SECRETS"])
 			for name, id := range secretOf {
 				key := name
@@ -169,8 +172,8 @@ func TestEachFunctionHasItsOwnBrokerUser(t *testing.T) {
 							t.Errorf("%s can read %s's secret %s", name, other, id)
 						}
 					}
-					if admin != "" && strings.Contains(all, admin) {
-						t.Errorf("%s can read the administrator's secret", name)
+					if (admin != "" && strings.Contains(all, admin)) || strings.Contains(all, "BrokerSecret") {
+						t.Errorf("%s can read the administrator's secret: %v", name, reads)
 					}
 				}
 			}
