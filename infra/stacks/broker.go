@@ -244,16 +244,20 @@ func newBrokerAccess(stack awscdk.Stack, cfg Config, net *Network) *brokerAccess
 		if cfg.NATS.SecretArn != "" {
 			a.secrets[""] = awssecretsmanager.Secret_FromSecretCompleteArn(stack, jsii.String("NatsSecret"), jsii.String(cfg.NATS.SecretArn))
 		}
+		for key, arn := range cfg.NATS.SecretArns {
+			a.secrets[key] = awssecretsmanager.Secret_FromSecretCompleteArn(stack, jsii.String("NatsSecret-"+key), jsii.String(arn))
+		}
 	}
 	return a
 }
 
-// secret is key's secret (nil: none).
+// secret is key's own secret, or the one every function shares (NATS's
+// natsSecretArn); nil: none.
 func (a *brokerAccess) secret(key string) awssecretsmanager.ISecret {
-	if s, ok := a.secrets[""]; ok {
+	if s, ok := a.secrets[key]; ok {
 		return s
 	}
-	return a.secrets[key]
+	return a.secrets[""]
 }
 
 // env is the broker environment of the function with broker user key.
@@ -281,7 +285,7 @@ func (a *brokerAccess) grant(key string, role awsiam.Role) {
 	if s := a.secret(key); s != nil {
 		s.GrantRead(role, nil)
 	}
-	if key == BrokerUserProvisioner {
+	if key == BrokerUserProvisioner && len(a.users) > 0 { // RabbitMQ: it creates the others' users
 		for k, s := range a.secrets {
 			if k != BrokerUserProvisioner && k != "" {
 				s.GrantRead(role, nil)

@@ -379,6 +379,7 @@ const DLQRetentionDays = 14
 // amqpBrokerArn/amqpEndpoint/amqpSecretArn/amqpSecurityGroupId (an existing
 // broker), amqpInstanceType, amqpDeploymentMode, amqpEngineVersion,
 // amqpUsername (a new one), and natsTopology, natsUrl, natsSecretArn,
+// natsDispatcherSecretArn, natsOperationsSecretArn, natsProvisionerSecretArn,
 // natsCidr, natsPort.
 func FromContext(node constructs.Node, cfg Config) (Config, error) {
 	str := func(key string, dst *string) {
@@ -420,6 +421,17 @@ func FromContext(node constructs.Node, cfg Config) (Config, error) {
 		"natsSecretArn": &cfg.NATS.SecretArn, "natsCidr": &cfg.NATS.CIDR,
 	} {
 		str(key, dst)
+	}
+	for key, ctx := range map[string]string{BrokerUserDispatcher: "natsDispatcherSecretArn", BrokerUserOperations: "natsOperationsSecretArn",
+		BrokerUserProvisioner: "natsProvisionerSecretArn"} {
+		var arn string
+		str(ctx, &arn)
+		if arn != "" {
+			if cfg.NATS.SecretArns == nil {
+				cfg.NATS.SecretArns = map[string]string{}
+			}
+			cfg.NATS.SecretArns[key] = arn
+		}
 	}
 	if err := num("natsPort", &cfg.NATS.Port); err != nil {
 		return cfg, err

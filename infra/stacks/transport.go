@@ -67,6 +67,13 @@ type NATSConfig struct {
 	// SecretArn, if set, is a Secrets Manager secret holding the credentials:
 	// {"username","password"}, {"token"} or {"creds"} (a .creds file's text).
 	SecretArn string
+	// SecretArns are per-function secrets (BrokerUserDispatcher,
+	// BrokerUserOperations, BrokerUserProvisioner: context
+	// natsDispatcherSecretArn, natsOperationsSecretArn,
+	// natsProvisionerSecretArn), each that function's own NATS user (see
+	// natsbus.Topology.AuthorizationConfig); a function without one uses
+	// SecretArn.
+	SecretArns map[string]string
 	// CIDR and Port are where the functions may connect: default the VPC's
 	// range and 4222.
 	CIDR string
