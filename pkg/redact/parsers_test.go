@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/fifobox/fifobox/pkg/db"
-	"github.com/fifobox/fifobox/pkg/lambdafn"
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/transport"
 	"github.com/fifobox/fifobox/pkg/transport/amqp"
@@ -128,39 +127,51 @@ func TestNoParserEchoesAPassword(t *testing.T) {
 			check(t, "db.FromEnv / db.Open", err, nil)
 		}
 	})
-	t.Run("lambda broker settings", func(t *testing.T) {
-		for _, v := range lambdafn.BrokerEnv {
-			t.Setenv(v.Name, "")
-		}
+	t.Run("transport.Open (the functions' settings)", func(t *testing.T) {
+		clearTransportEnv(t)
 		t.Setenv("FIFOBOX_TRANSPORT", "rabbitmq")
 		t.Setenv(amqp.EnvURL, badAMQP)
-		_, err := lambdafn.BrokerFromEnv()
-		check(t, "lambdafn.BrokerFromEnv (rabbitmq)", err, nil)
+		_, err := transport.Open(context.Background(), transport.Options{})
+		check(t, "transport.Open (rabbitmq)", err, nil)
+		clearTransportEnv(t)
 		t.Setenv("FIFOBOX_TRANSPORT", "nats")
 		t.Setenv(natsbus.EnvURL, badNATS)
-		_, err = lambdafn.BrokerFromEnv()
-		check(t, "lambdafn.BrokerFromEnv (nats)", err, nil)
+		_, err = transport.Open(context.Background(), transport.Options{})
+		check(t, "transport.Open (nats)", err, nil)
 	})
 	t.Run("secrets manager URL", func(t *testing.T) {
-		// The URL the function builds from its secret: a password with
+		// The URL a function builds from its secret: a password with
 		// reserved characters, then a connection that fails.
+		clearTransportEnv(t)
+		t.Setenv("FIFOBOX_TRANSPORT", "rabbitmq")
+		t.Setenv(amqp.EnvURL, "amqp://127.0.0.1:1/vh")
+		t.Setenv(amqp.EnvSecretARN, "arn:aws:secretsmanager:eu-west-1:1:secret:x")
 		fetch := func(context.Context, string) (string, error) {
 			return `{"username":"fifobox","password":"` + password + `/@:"}`, nil
 		}
-		b := lambdafn.Broker{Kind: transport.RabbitMQ, SecretARN: "arn:aws:secretsmanager:eu-west-1:1:secret:x",
-			AMQP: amqp.Config{URL: "amqp://127.0.0.1:1/vh", Topology: amqp.Holdco(), ConnectWait: 200 * time.Millisecond, DialTimeout: time.Second}}
-		if err := b.Credentials(context.Background(), fetch); err != nil {
-			t.Fatal(err)
-		}
 		logs := &logBuffer{}
-		pub, closer, err := b.Publisher(slog.New(slog.NewJSONHandler(logs, nil)))
+		tr, err := transport.Open(context.Background(), transport.Options{Secret: fetch, Logger: slog.New(slog.NewJSONHandler(logs, nil))})
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer closer()
-		check(t, "publish with the secret's credentials", pub.Publish(context.Background(), msgs())[0], logs)
-		// A malformed broker URL beside a secret.
-		b = lambdafn.Broker{Kind: transport.RabbitMQ, SecretARN: "arn:x", AMQP: amqp.Config{URL: badAMQP}}
-		check(t, "lambdafn.Broker.Credentials", b.Credentials(context.Background(), fetch), nil)
+		defer tr.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		pub, err := tr.Publisher()
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(t, "publish with the secret's credentials", pub.Publish(ctx, msgs())[0], logs)
+		if leaked(tr.String()) {
+			t.Errorf("the transport's description carries the password: %s", tr)
+		}
 	})
+}
+
+// clearTransportEnv unsets every variable transport.Open may read.
+func clearTransportEnv(t *testing.T) {
+	t.Helper()
+	for _, v := range transport.RegisteredEnv() {
+		t.Setenv(v.Name, "")
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/transport"
 	"github.com/fifobox/fifobox/pkg/transport/amqp"
@@ -90,7 +91,7 @@ func TestUnroutedPolicy(t *testing.T) {
 			}
 			ch.Close()
 			again := message(newEvent("order", "o-2", "order.refunded", 1))
-			if err := pub.Publish(ctx, []outbox.Message{again})[0]; !errors.Is(err, amqp.ErrUnroutable) || outbox.IsPermanent(err) {
+			if err := pub.Publish(ctx, []outbox.Message{again})[0]; !errors.Is(err, amqp.ErrUnroutable) || envelope.IsPermanent(err) {
 				t.Fatalf("catch-all queue deleted: %v, want retryable ErrUnroutable", err)
 			}
 			p, _ := amqp.NewProvisioner(cfg)

@@ -14,6 +14,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/fifobox/fifobox/pkg/outbox"
+	"github.com/fifobox/fifobox/pkg/transport"
 	"github.com/fifobox/fifobox/pkg/transport/amqp"
 	"github.com/fifobox/fifobox/pkg/transport/amqp/amqptest"
 )
@@ -227,8 +228,8 @@ func TestEachFunctionsBrokerUserCanDoOnlyItsJob(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ops.Close()
-	if n, err := ops.Redrive(ctx, "inventory", 10); err != nil || n != 1 {
-		t.Fatalf("redrive as operations: moved %d, %v; want the one dead letter the consumer sent", n, err)
+	if res, err := ops.Redrive(ctx, transport.RedriveRequest{Consumer: "inventory", Max: 10}); err != nil || res.Moved != 1 {
+		t.Fatalf("redrive as operations: %+v, %v; want the one dead letter the consumer sent", res, err)
 	}
 	depths, err := ops.Depths(ctx)
 	if err != nil {

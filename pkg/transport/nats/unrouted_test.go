@@ -1,4 +1,4 @@
-package natsbus_test
+package nats_test
 
 import (
 	"bytes"
@@ -10,9 +10,10 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/transport"
-	natsbus "github.com/fifobox/fifobox/pkg/transport/nats"
+	nats "github.com/fifobox/fifobox/pkg/transport/nats"
 )
 
 type syncBuffer struct {
@@ -47,7 +48,7 @@ func TestUnroutedPolicy(t *testing.T) {
 	for _, policy := range []string{"", transport.UnroutedAlternate} {
 		t.Run("policy="+policy, func(t *testing.T) {
 			t.Parallel()
-			topo := natsbus.Ticketing()
+			topo := nats.Ticketing()
 			topo.Unrouted.Policy = policy
 			cfg := setup(t, topo)
 			logs := &syncBuffer{}
@@ -74,7 +75,7 @@ func TestUnroutedPolicy(t *testing.T) {
 			}
 			if policy == transport.UnroutedAlternate {
 				got := r.all(top.DeadLetterStream, top.Unrouted.Subject+".>")
-				if len(got) != 1 || got[0].Headers().Get(natsbus.HeaderEventID) != refunded.EventID {
+				if len(got) != 1 || got[0].Headers().Get(nats.HeaderEventID) != refunded.EventID {
 					t.Fatalf("dead-letter stream's unrouted subject holds %d messages, want order_refunded", len(got))
 				}
 			}
@@ -94,7 +95,7 @@ func TestUnroutedPolicy(t *testing.T) {
 func TestUnroutedSubjectNoStreamCaptures(t *testing.T) {
 	t.Parallel()
 	needServer(t)
-	topo := isolateTopology(t, natsbus.Ticketing())
+	topo := isolateTopology(t, nats.Ticketing())
 	r := dialRaw(t)
 	ctx := context.Background()
 	if _, err := r.js.CreateStream(ctx, jetstream.StreamConfig{Name: topo.Stream, Subjects: []string{topo.SubjectPrefix + ".order_confirmed", topo.SubjectPrefix + ".order_cancelled"},
@@ -102,7 +103,7 @@ func TestUnroutedSubjectNoStreamCaptures(t *testing.T) {
 		t.Fatal(err)
 	}
 	logs := &syncBuffer{}
-	pub := newPublisher(t, natsbus.Config{URL: serverURL(), Topology: topo, Logger: slog.New(slog.NewJSONHandler(logs, nil))})
+	pub := newPublisher(t, nats.Config{URL: serverURL(), Topology: topo, Logger: slog.New(slog.NewJSONHandler(logs, nil))})
 	if err := pub.Publish(ctx, []outbox.Message{message(newEvent("order", "o-1", "order_refunded", 1))})[0]; err != nil {
 		t.Fatalf("event no consumer selects, on a subject no stream captures: %v, want delivered", err)
 	}
@@ -110,7 +111,7 @@ func TestUnroutedSubjectNoStreamCaptures(t *testing.T) {
 		t.Errorf("not reported: stats %+v", pub.Stats())
 	}
 	err := pub.Publish(ctx, []outbox.Message{message(newEvent("hold", "h-1", "hold_created", 1))})[0]
-	if !outbox.IsPermanent(err) || !strings.Contains(err.Error(), natsbus.ErrSubjectNotBound.Error()) {
+	if !envelope.IsPermanent(err) || !strings.Contains(err.Error(), nats.ErrSubjectNotBound.Error()) {
 		t.Fatalf("event a consumer selects on an uncaptured subject: %v, want permanent ErrSubjectNotBound", err)
 	}
 	if err := pub.Publish(ctx, []outbox.Message{message(newEvent("order", "o-1", "order_cancelled", 2))})[0]; err != nil {
@@ -119,8 +120,8 @@ func TestUnroutedSubjectNoStreamCaptures(t *testing.T) {
 }
 
 func TestUnroutedPolicyValidation(t *testing.T) {
-	for _, u := range []natsbus.Unrouted{{Policy: "drop"}, {Policy: "deliver", Subject: "x"}, {Policy: "alternate", Subject: "ticketing.x"}, {Policy: "alternate", Subject: "ticketing_dlq"}} {
-		topo := natsbus.Ticketing()
+	for _, u := range []nats.Unrouted{{Policy: "drop"}, {Policy: "deliver", Subject: "x"}, {Policy: "alternate", Subject: "ticketing.x"}, {Policy: "alternate", Subject: "ticketing_dlq"}} {
+		topo := nats.Ticketing()
 		topo.Unrouted = u
 		if err := topo.Prepare(); err == nil || !strings.Contains(err.Error(), "unrouted") {
 			t.Errorf("%+v: %v, want an error naming unrouted", u, err)
@@ -129,7 +130,7 @@ func TestUnroutedPolicyValidation(t *testing.T) {
 }
 
 // isolateTopology is isolate with the topology prepared.
-func isolateTopology(t *testing.T, topo natsbus.Topology) natsbus.Topology {
+func isolateTopology(t *testing.T, topo nats.Topology) nats.Topology {
 	topo = isolate(t, topo)
 	if err := topo.Prepare(); err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package natsbus_test
+package nats_test
 
 import (
 	"context"
@@ -14,14 +14,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/nats-io/nats.go"
+	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fifobox/fifobox/internal/pgtest"
 	"github.com/fifobox/fifobox/pkg/envelope"
-	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/outbox"
-	natsbus "github.com/fifobox/fifobox/pkg/transport/nats"
+	"github.com/fifobox/fifobox/pkg/transport"
+	nats "github.com/fifobox/fifobox/pkg/transport/nats"
 )
 
 // privateServer starts a nats-server of the test's own (the machine's one on
@@ -32,7 +32,7 @@ func privateServer(t *testing.T, config string) string {
 	bin, err := exec.LookPath("nats-server")
 	if err != nil {
 		if _, serr := os.Stat("/usr/sbin/nats-server"); serr != nil {
-			t.Skip("no nats-server binary (scripts/ensure-nats.sh installs it)")
+			t.Skip("no nats-server binary (scripts/ensure-natsgo.sh installs it)")
 		}
 		bin = "/usr/sbin/nats-server"
 	}
@@ -76,8 +76,8 @@ type violations struct {
 	errs []string
 }
 
-func (v *violations) handler(_ *nats.Conn, _ *nats.Subscription, err error) {
-	if errors.Is(err, nats.ErrPermissionViolation) || strings.Contains(strings.ToLower(err.Error()), "permissions violation") {
+func (v *violations) handler(_ *natsgo.Conn, _ *natsgo.Subscription, err error) {
+	if errors.Is(err, natsgo.ErrPermissionViolation) || strings.Contains(strings.ToLower(err.Error()), "permissions violation") {
 		v.mu.Lock()
 		v.errs = append(v.errs, err.Error())
 		v.mu.Unlock()
@@ -103,16 +103,16 @@ func (v *violations) on(subject string) bool {
 // (a permissions violation for exactly that subject).
 func TestEachFunctionsNATSUserCanDoOnlyItsJob(t *testing.T) {
 	t.Parallel()
-	topo := natsbus.Ticketing()
+	topo := nats.Ticketing()
 	if err := topo.Prepare(); err != nil {
 		t.Fatal(err)
 	}
-	users := []natsbus.User{
-		{Name: "provisioner", Password: "p-pw", Role: natsbus.RoleProvisioner},
-		{Name: "dispatcher", Password: "d-pw", Role: natsbus.RoleDispatcher},
-		{Name: "operations", Password: "o-pw", Role: natsbus.RoleOperations},
-		{Name: "inventory", Password: "i-pw", Role: natsbus.RoleConsumer, Consumer: "inventory"},
-		{Name: "notification", Password: "n-pw", Role: natsbus.RoleConsumer, Consumer: "notification"},
+	users := []nats.User{
+		{Name: "provisioner", Password: "p-pw", Role: nats.RoleProvisioner},
+		{Name: "dispatcher", Password: "d-pw", Role: nats.RoleDispatcher},
+		{Name: "operations", Password: "o-pw", Role: nats.RoleOperations},
+		{Name: "inventory", Password: "i-pw", Role: nats.RoleConsumer, Consumer: "inventory"},
+		{Name: "notification", Password: "n-pw", Role: nats.RoleConsumer, Consumer: "notification"},
 	}
 	auth, err := topo.AuthorizationConfig(users)
 	if err != nil {
@@ -124,24 +124,24 @@ func TestEachFunctionsNATSUserCanDoOnlyItsJob(t *testing.T) {
 	url := privateServer(t, auth)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cfgAs := func(user string) natsbus.Config {
+	cfgAs := func(user string) nats.Config {
 		for _, u := range users {
 			if u.Name == user {
-				return natsbus.Config{URL: url, Topology: topo, User: u.Name, Password: u.Password, Logger: quiet,
+				return nats.Config{URL: url, Topology: topo, User: u.Name, Password: u.Password, Logger: quiet,
 					ConnectWait: 2 * time.Second, AckTimeout: 2 * time.Second, ReconnectMaxDelay: 500 * time.Millisecond}
 			}
 		}
 		t.Fatalf("no user %s", user)
-		return natsbus.Config{}
+		return nats.Config{}
 	}
 	// Without credentials the server refuses the connection.
-	if nc, err := nats.Connect(url, nats.Timeout(2*time.Second)); err == nil {
+	if nc, err := natsgo.Connect(url, natsgo.Timeout(2*time.Second)); err == nil {
 		nc.Close()
 		t.Fatal("an anonymous connection was accepted")
 	}
 
 	// Allowed: each function's own code path, as its user.
-	p, err := natsbus.NewProvisioner(cfgAs("provisioner"))
+	p, err := nats.NewProvisioner(cfgAs("provisioner"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,13 +156,13 @@ func TestEachFunctionsNATSUserCanDoOnlyItsJob(t *testing.T) {
 	}
 	db := pgtest.New(t)
 	dead := make(chan struct{}, 1)
-	r, err := natsbus.NewRunner(cfgAs("inventory"), db.Pool, func(_ context.Context, _ pgx.Tx, e envelope.Envelope) error {
+	r, err := nats.NewRunner(cfgAs("inventory"), db.Pool, func(_ context.Context, _ pgx.Tx, e envelope.Envelope) error {
 		if e.ID == bad.EventID {
-			return inbox.Permanent(errors.New("unknown venue"))
+			return envelope.Permanent(errors.New("unknown venue"))
 		}
 		return nil
-	}, natsbus.ConsumerConfig{Consumer: "inventory", OnSettle: func(s natsbus.Settlement) {
-		if s.EventID == bad.EventID && s.Action == natsbus.ActionDeadLetter {
+	}, nats.ConsumerConfig{Consumer: "inventory", OnSettle: func(s nats.Settlement) {
+		if s.EventID == bad.EventID && s.Action == nats.ActionDeadLetter {
 			dead <- struct{}{}
 		}
 	}})
@@ -181,7 +181,7 @@ func TestEachFunctionsNATSUserCanDoOnlyItsJob(t *testing.T) {
 	}
 	stop()
 	<-done
-	ops, err := natsbus.NewOperations(cfgAs("operations"))
+	ops, err := nats.NewOperations(cfgAs("operations"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,18 +195,18 @@ func TestEachFunctionsNATSUserCanDoOnlyItsJob(t *testing.T) {
 			t.Errorf("depths as operations: %s: %s", d.Consumer, d.Error)
 		}
 	}
-	if n, err := ops.Redrive(ctx, "inventory", 10); err != nil || n != 1 {
-		t.Fatalf("redrive as operations: moved %d, %v; want the dead letter", n, err)
+	if res, err := ops.Redrive(ctx, transport.RedriveRequest{Consumer: "inventory", Max: 10}); err != nil || res.Moved != 1 {
+		t.Fatalf("redrive as operations: %+v, %v; want the dead letter", res, err)
 	}
 
 	// Refused: what each must not do.
 	inv, note := topo.Consumers[0], topo.Consumers[1]
 	type op struct {
 		subject string
-		run     func(nc *nats.Conn, js jetstream.JetStream) error
+		run     func(nc *natsgo.Conn, js jetstream.JetStream) error
 	}
 	pubOp := func(subj string) op {
-		return op{subj, func(nc *nats.Conn, _ jetstream.JetStream) error {
+		return op{subj, func(nc *natsgo.Conn, _ jetstream.JetStream) error {
 			if err := nc.Publish(subj, []byte("{}")); err != nil {
 				return err
 			}
@@ -214,13 +214,13 @@ func TestEachFunctionsNATSUserCanDoOnlyItsJob(t *testing.T) {
 		}}
 	}
 	reqOp := func(subj string) op {
-		return op{subj, func(nc *nats.Conn, _ jetstream.JetStream) error {
+		return op{subj, func(nc *natsgo.Conn, _ jetstream.JetStream) error {
 			_, err := nc.Request(subj, nil, 500*time.Millisecond)
 			return err
 		}}
 	}
 	subOp := func(subj string) op {
-		return op{subj, func(nc *nats.Conn, _ jetstream.JetStream) error {
+		return op{subj, func(nc *natsgo.Conn, _ jetstream.JetStream) error {
 			if _, err := nc.SubscribeSync(subj); err != nil {
 				return err
 			}
@@ -241,7 +241,7 @@ func TestEachFunctionsNATSUserCanDoOnlyItsJob(t *testing.T) {
 	for user, ops := range refused {
 		v := &violations{}
 		c := cfgAs(user)
-		nc, err := nats.Connect(url, nats.UserInfo(c.User, c.Password), nats.CustomInboxPrefix(natsbus.InboxPrefix(user)), nats.ErrorHandler(v.handler))
+		nc, err := natsgo.Connect(url, natsgo.UserInfo(c.User, c.Password), natsgo.CustomInboxPrefix(nats.InboxPrefix(user)), natsgo.ErrorHandler(v.handler))
 		if err != nil {
 			t.Fatalf("%s: connect: %v", user, err)
 		}
@@ -259,7 +259,7 @@ func TestEachFunctionsNATSUserCanDoOnlyItsJob(t *testing.T) {
 	}
 	// And the dead letter went back to inventory's replay subject, nowhere else.
 	admin := cfgAs("provisioner")
-	nc, err := nats.Connect(url, nats.UserInfo(admin.User, admin.Password), nats.CustomInboxPrefix(natsbus.InboxPrefix("provisioner")))
+	nc, err := natsgo.Connect(url, natsgo.UserInfo(admin.User, admin.Password), natsgo.CustomInboxPrefix(nats.InboxPrefix("provisioner")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,11 +276,11 @@ func TestEachFunctionsNATSUserCanDoOnlyItsJob(t *testing.T) {
 }
 
 func TestNATSPermissionsNameOnlyTheTopologysSubjects(t *testing.T) {
-	topo := natsbus.Ticketing()
+	topo := nats.Ticketing()
 	if err := topo.Prepare(); err != nil {
 		t.Fatal(err)
 	}
-	p, err := topo.Permissions(natsbus.RoleConsumer, "inventory", "inv-user")
+	p, err := topo.Permissions(nats.RoleConsumer, "inventory", "inv-user")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -293,13 +293,13 @@ func TestNATSPermissionsNameOnlyTheTopologysSubjects(t *testing.T) {
 	if p.Subscribe[0] != "_INBOX.inv-user.>" {
 		t.Errorf("subscribe %v, want its own inbox", p.Subscribe)
 	}
-	if _, err := topo.Permissions(natsbus.RoleConsumer, "nobody", "x"); err == nil {
+	if _, err := topo.Permissions(nats.RoleConsumer, "nobody", "x"); err == nil {
 		t.Error("permissions for a consumer not in the topology")
 	}
 	if _, err := topo.Permissions("admin", "", "x"); err == nil {
 		t.Error("permissions for an unknown role")
 	}
-	if natsbus.InboxPrefix("a.b") != "_INBOX" || natsbus.InboxPrefix("fifobox-dispatcher") != "_INBOX.fifobox-dispatcher" {
+	if nats.InboxPrefix("a.b") != "_INBOX" || nats.InboxPrefix("fifobox-dispatcher") != "_INBOX.fifobox-dispatcher" {
 		t.Error("InboxPrefix")
 	}
 }

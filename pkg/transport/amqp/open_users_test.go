@@ -1,17 +1,18 @@
-package lambdafn_test
+package amqp_test
 
 import (
 	"context"
 	"strings"
 	"testing"
 
-	"github.com/fifobox/fifobox/pkg/lambdafn"
+	"github.com/fifobox/fifobox/pkg/transport"
 	"github.com/fifobox/fifobox/pkg/transport/amqp"
 )
 
 // The provisioning function reads each function's broker user from its own
-// secret; a bad entry fails naming the variable and the role, never a value.
-func TestBrokerUserSecrets(t *testing.T) {
+// secret (FIFOBOX_AMQP_USER_SECRETS); a bad entry fails naming the variable
+// and the role, never a value.
+func TestOpenReadsTheFunctionsUsers(t *testing.T) {
 	secrets := map[string]string{
 		"arn:admin": `{"username":"fifobox","password":"admin-pw"}`,
 		"arn:d":     `{"username":"fifobox-dispatcher","password":"d-pw"}`,
@@ -20,21 +21,22 @@ func TestBrokerUserSecrets(t *testing.T) {
 		"arn:bad":   `{"username":"x"}`,
 	}
 	fetch := func(_ context.Context, arn string) (string, error) { return secrets[arn], nil }
-	setup := func(t *testing.T, users string) lambdafn.Broker {
-		clearBrokerEnv(t)
+	open := func(t *testing.T, users string) (*amqp.Transport, error) {
+		clearTransportEnv(t)
 		t.Setenv("FIFOBOX_TRANSPORT", "rabbitmq")
 		t.Setenv("FIFOBOX_AMQP_TOPOLOGY", "ticketing")
 		t.Setenv("FIFOBOX_AMQP_URL", "amqps://b-1.mq.us-east-1.amazonaws.com:5671/prod")
 		t.Setenv("FIFOBOX_AMQP_SECRET_ARN", "arn:admin")
-		t.Setenv(lambdafn.EnvAMQPUserSecrets, users)
-		b, err := lambdafn.BrokerFromEnv()
+		t.Setenv(amqp.EnvUserSecrets, users)
+		tr, err := transport.Open(context.Background(), transport.Options{Secret: fetch})
 		if err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
-		return b
+		t.Cleanup(func() { _ = tr.Close() })
+		return tr.(*amqp.Transport), nil
 	}
-	b := setup(t, `{"dispatcher":"arn:d","operations":"arn:o","consumer:inventory":"arn:c"}`)
-	if err := b.Credentials(context.Background(), fetch); err != nil {
+	tr, err := open(t, `{"dispatcher":"arn:d","operations":"arn:o","consumer:inventory":"arn:c"}`)
+	if err != nil {
 		t.Fatal(err)
 	}
 	want := []amqp.User{
@@ -42,19 +44,19 @@ func TestBrokerUserSecrets(t *testing.T) {
 		{Name: "fifobox-dispatcher", Password: "d-pw", Role: amqp.RoleDispatcher},
 		{Name: "fifobox-operations", Password: "o-pw", Role: amqp.RoleOperations},
 	}
-	if len(b.AMQP.Users) != len(want) {
-		t.Fatalf("users %v, want %v", b.AMQP.Users, want)
+	got := tr.Config().Users
+	if len(got) != len(want) {
+		t.Fatalf("users %v, want %v", got, want)
 	}
 	for i := range want {
-		if b.AMQP.Users[i] != want[i] {
-			t.Errorf("user %d: %v, want %v", i, b.AMQP.Users[i], want[i])
+		if got[i] != want[i] {
+			t.Errorf("user %d: %v, want %v", i, got[i], want[i])
 		}
 	}
 	for _, bad := range []string{`{"admin":"arn:d"}`, `{"consumer:nobody":"arn:c"}`, `{"dispatcher":"arn:bad"}`, `[1]`} {
-		b := setup(t, bad)
-		err := b.Credentials(context.Background(), fetch)
-		if err == nil || !strings.Contains(err.Error(), lambdafn.EnvAMQPUserSecrets) || strings.Contains(err.Error(), "-pw") {
-			t.Errorf("%s: %v, want an error naming %s and no password", bad, err, lambdafn.EnvAMQPUserSecrets)
+		_, err := open(t, bad)
+		if err == nil || !strings.Contains(err.Error(), amqp.EnvUserSecrets) || strings.Contains(err.Error(), "-pw") {
+			t.Errorf("%s: %v, want an error naming %s and no password", bad, err, amqp.EnvUserSecrets)
 		}
 	}
 }
