@@ -197,7 +197,7 @@ func BrokerUsername(cfg Config, key string) string {
 }
 
 // brokerAccess is what each function of a broker deployment gets: the
-// environment lambdafn.BrokerEnv reads (the transport, its URL without
+// environment transport.Open reads (amqp.OpenEnv, nats.OpenEnv) (the transport, its URL without
 // credentials, the topology's JSON, the ARN of that function's own secret)
 // and read access to that secret alone. Empty for SNS.
 type brokerAccess struct {
