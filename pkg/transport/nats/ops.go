@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fifobox/fifobox/pkg/outbox"
+	"github.com/fifobox/fifobox/pkg/redact"
 	"github.com/fifobox/fifobox/pkg/transport"
 )
 
@@ -88,7 +89,7 @@ func (o *Operations) Depths(ctx context.Context, consumers ...string) ([]transpo
 			continue
 		case connErr != nil:
 			d.QueueState, d.DLQState = transport.StateUnreachable, transport.StateUnreachable
-			d.Error = fmt.Sprintf("NATS %s unreachable: %v", redactURL(o.cfg.URL), connErr)
+			d.Error = fmt.Sprintf("NATS %s unreachable: %v", redact.URL(o.cfg.URL), connErr)
 			out = append(out, d)
 			continue
 		}
@@ -199,7 +200,7 @@ func (o *Operations) Redrive(ctx context.Context, req transport.RedriveRequest) 
 func (o *Operations) deadLetters(ctx context.Context, c Consumer, visit func(jetstream.Stream, *jetstream.RawStreamMsg) (stop bool, err error)) error {
 	_, js, err := o.out.conn.get(ctx, o.cfg.ConnectWait)
 	if err != nil {
-		return fmt.Errorf("NATS %s unreachable: %w", redactURL(o.cfg.URL), err)
+		return fmt.Errorf("NATS %s unreachable: %w", redact.URL(o.cfg.URL), err)
 	}
 	t := &o.cfg.Topology
 	dlq, err := js.Stream(ctx, t.DeadLetterStream)
