@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -45,7 +45,7 @@ func buildCLI(t *testing.T) string {
 			return
 		}
 		binPath = filepath.Join(dir, "fifobox")
-		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		out, err := exec.Command("go", "build", "-o", binPath, "../../cmd/fifobox").CombinedOutput()
 		if err != nil {
 			buildErr = fmt.Errorf("go build: %v: %s", err, out)
 		}
