@@ -30,6 +30,7 @@ import (
 	lambdasvc "github.com/aws/aws-sdk-go-v2/service/lambda"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/fifobox/fifobox/pkg/awsclient"
 	"github.com/fifobox/fifobox/pkg/db"
@@ -126,7 +127,9 @@ func Check(args []string) (redrive.Command, error) {
 	if err != nil {
 		return redrive.Command{}, err
 	}
-	if err := c.ParseFlags(rest); err != nil {
+	if err := c.ParseFlags(rest); errors.Is(err, pflag.ErrHelp) {
+		return redrive.Command{}, nil
+	} else if err != nil {
 		return redrive.Command{}, fmt.Errorf("%s: %w", c.CommandPath(), err)
 	}
 	if c.Flags().NArg() > 0 {

@@ -199,10 +199,12 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	go func() {
 		defer swg.Done()
 		Schedule(sctx, cfg.SchedulePeriod, cfg.InvocationTimeout, func(ctx context.Context) {
+			inv.mu.Lock()
+			inv.count++
+			inv.mu.Unlock()
 			res, err := d.Dispatch(ctx)
 			inv.mu.Lock()
 			defer inv.mu.Unlock()
-			inv.count++
 			if err != nil {
 				inv.errs++
 				d.Log.Warn("dispatcher invocation failed", "error", err.Error())
@@ -260,16 +262,24 @@ loop:
 	elapsed := time.Since(start)
 	progress(context.Background(), cfg, d, runID, names, stats, &enqueued, false)
 	fmt.Fprintln(cfg.Out)
-	rm, rmErr := readModel(context.Background(), d.Pool, runID)
-	summary(cfg.Out, ctx.Err() != nil, elapsed, names, stats, expected, &enqueued, inv, rm)
-	publishErrors(cfg.Out, d.Pool)
-	if cfg.StayUp && ctx.Err() == nil && prodErr == nil {
-		stayUp(ctx, cfg, d, runID, names, stats, &enqueued)
+	stop := func() {
+		stopScheduler()
+		swg.Wait()
+		stopRunners()
+		rwg.Wait()
 	}
-	stopScheduler()
-	swg.Wait()
-	stopRunners()
-	rwg.Wait()
+	stayingUp := cfg.StayUp && ctx.Err() == nil && prodErr == nil
+	if !stayingUp {
+		// Every invocation returned: the summary's counts are complete.
+		stop()
+	}
+	rm, rmErr := readModel(context.Background(), d.Pool, runID)
+	summary(cfg.Out, ctx.Err() != nil, elapsed, names, stats, expected, &enqueued, inv, d.Published.Load(), rm)
+	publishErrors(cfg.Out, d.Pool)
+	if stayingUp {
+		stayUp(ctx, cfg, d, runID, names, stats, &enqueued)
+		stop()
+	}
 	if prodErr != nil && !errors.Is(prodErr, context.Canceled) {
 		return prodErr
 	}
@@ -515,14 +525,16 @@ func progress(ctx context.Context, cfg Config, d Deps, runID string, names []str
 	}
 }
 
-func summary(w io.Writer, interrupted bool, elapsed time.Duration, names []string, stats map[string]*queueStats, expected map[string]*atomic.Int64, enqueued *produced, inv *invocations, rm readModelCounts) {
+// summary reports the run; published is what the broker acknowledged (an
+// invocation still running has not reported its counts yet).
+func summary(w io.Writer, interrupted bool, elapsed time.Duration, names []string, stats map[string]*queueStats, expected map[string]*atomic.Int64, enqueued *produced, inv *invocations, published int64, rm readModelCounts) {
 	inv.mu.Lock()
 	fmt.Fprintf(w, "\nsummary: %d events in %d transactions over %s\n", enqueued.events(), enqueued.events(), elapsed.Round(time.Millisecond))
 	if interrupted {
 		fmt.Fprintln(w, "interrupted: expected counts are the events enqueued before the stop; events still in flight stay in the outbox or their queue, and a later make local applies them, once")
 	}
 	fmt.Fprintf(w, "dispatcher: %d invocations (%d failed, %d overran their deadline), published %d, retried %d, dead %d\n",
-		inv.count, inv.errs, inv.overruns, inv.published, inv.retries, inv.dead)
+		inv.count, inv.errs, inv.overruns, published, inv.retries, inv.dead)
 	inv.mu.Unlock()
 	fmt.Fprintf(w, "%-20s %9s %9s %11s %11s %8s %12s %12s\n", "consumer", "expected", "applied", "violations", "redelivered", "failed", "p50 latency", "p99 latency")
 	for _, n := range names {
