@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strings"
 	"testing"
 
@@ -22,7 +23,7 @@ var update = os.Getenv("FIFOBOX_UPDATE_DOCS") == "1"
 
 // producers make each documented output, as a user would see it.
 var producers = map[string]func(t *testing.T, run *docRun) string{
-	"fifobox-help":       func(t *testing.T, r *docRun) string { return r.cli(t, "--help") },
+	"fifobox-help":       func(t *testing.T, r *docRun) string { return r.help(t) },
 	"status":             func(t *testing.T, r *docRun) string { return r.cli(t, "status") },
 	"dlq-list":           func(t *testing.T, r *docRun) string { return r.cli(t, "dlq", "list", "--consumer", "shipping") },
 	"retry-now-dry-run":  func(t *testing.T, r *docRun) string { return r.cli(t, "retry-now", "--dry-run") },
@@ -56,6 +57,20 @@ func (r *docRun) cli(t *testing.T, args ...string) string {
 		s += errOut.String() + "fifobox: " + err.Error() + "\n"
 	}
 	return s
+}
+
+// help is `fifobox --help` in a shell with none of fifobox's variables
+// set (the flags' defaults show them).
+func (r *docRun) help(t *testing.T) string {
+	t.Helper()
+	for _, v := range []string{"FIFOBOX_DATABASE_URL", "FIFOBOX_QUEUES", "FIFOBOX_REDRIVE_FUNCTION"} {
+		t.Setenv(v, "")
+	}
+	var out, errOut bytes.Buffer
+	if err := cli.Run(context.Background(), &out, &errOut, "--help"); err != nil {
+		t.Fatalf("fifobox --help: %v\n%s", err, errOut.String())
+	}
+	return out.String()
 }
 
 type demoOutput struct{ tail, summary string }
@@ -143,7 +158,12 @@ func TestDocOutputs(t *testing.T) {
 		}
 	}
 	run := &docRun{}
+	var names []string
 	for name := range used {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
 		fresh := producers[name](t, run)
 		path := goldenPath(name)
 		if update {
