@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fifobox/fifobox/internal/cli"
 	"github.com/fifobox/fifobox/internal/emulatortest"
@@ -86,10 +87,18 @@ func (r *docRun) local(t *testing.T) *demoOutput {
 	db := pgtest.NewEmpty(t)
 	ep := emulatortest.Endpoint(t)
 	prefix := "docs-" + strings.TrimPrefix(db.Schema, "t_") + "-"
-	cmd := exec.Command("go", "run", "../cmd/fifobox-local", "-orders", "300", "-rate", "200", "-exit-when-drained",
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "go", "run", "../cmd/fifobox-local", "-orders", "300", "-rate", "200", "-exit-when-drained",
 		"-metrics-log", filepath.Join(t.TempDir(), "metrics.jsonl"))
-	cmd.Env = append(os.Environ(), "AWS_ENDPOINT_URL="+ep, "AWS_REGION=us-east-1", "AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test",
-		"FIFOBOX_DATABASE_URL="+db.URL, "FIFOBOX_SNS_NAME_PREFIX="+prefix, "FIFOBOX_TRANSPORT=")
+	for _, kv := range os.Environ() {
+		// Only this run's settings: not the scenario's topic or queues.
+		if !strings.HasPrefix(kv, "FIFOBOX_") && !strings.HasPrefix(kv, "AWS_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, "AWS_ENDPOINT_URL="+ep, "AWS_REGION=us-east-1", "AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test",
+		"FIFOBOX_DATABASE_URL="+db.URL, "FIFOBOX_SNS_NAME_PREFIX="+prefix)
 	out, err := cmd.Output()
 	if err != nil {
 		t.Fatalf("make local: %v\n%s", err, out)
