@@ -184,6 +184,11 @@ each command is one operation of its JSON ({"operation": "dead-requeue", ...}).
 A command that cannot do what it was asked says why on stderr and exits 1.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		PersistentPreRun: func(*cobra.Command, []string) {
+			// Library logs (the migrations') only with -v: the result is what
+			// a command prints.
+			slog.SetDefault(a.logger())
+		},
 	}
 	def := os.Getenv("FIFOBOX_DATABASE_URL")
 	if def == "" {

@@ -7,11 +7,13 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/fifobox/fifobox/internal/pgtest"
 	"github.com/fifobox/fifobox/pkg/redrive"
 )
 
@@ -181,5 +183,20 @@ func TestProgressNeverExceedsAHundredPercent(t *testing.T) {
 		if tty && !strings.Contains(s, "\r") {
 			t.Errorf("a terminal, yet not redrawn in place: %q", s)
 		}
+	}
+}
+
+// migrate says which migrations it applied, and that there was nothing to
+// apply the second time.
+func TestMigrateSaysWhatItApplied(t *testing.T) {
+	t.Setenv("FIFOBOX_REDRIVE_FUNCTION", "")
+	db := pgtest.NewEmpty(t)
+	out, errOut, err := runCLI(t, "--database-url", db.URL, "migrate")
+	if err != nil || !regexp.MustCompile(`^applied \d+ migrations \(00001_outbox.sql, 00002_inbox.sql, .*\): schema at version \d+ \(audit #1\)\n$`).MatchString(out) {
+		t.Fatalf("first migrate: %q %v %s", out, err, errOut)
+	}
+	out, _, err = runCLI(t, "--database-url", db.URL, "migrate")
+	if err != nil || !regexp.MustCompile(`^schema at version \d+: nothing to apply \(audit #2\)\n$`).MatchString(out) {
+		t.Fatalf("second migrate: %q %v", out, err)
 	}
 }
