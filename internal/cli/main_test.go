@@ -200,3 +200,36 @@ func TestMigrateSaysWhatItApplied(t *testing.T) {
 		t.Fatalf("second migrate: %q %v", out, err)
 	}
 }
+
+// On a terminal, a discard shows its dry run and asks; anything but y
+// changes nothing, y runs it, --yes does not ask.
+func TestDiscardAsksOnATerminal(t *testing.T) {
+	f := &fakeLambda{respond: func(w http.ResponseWriter) {
+		_, _ = w.Write([]byte(`{"operation":"dlq-discard","affected":1,"message":"would discard 1 messages from the DLQ of shipping"}`))
+	}}
+	lambdaEnv(t, f)
+	run := func(answer string, args ...string) (string, error) {
+		var out, errOut bytes.Buffer
+		a := &app{out: &out, errOut: &errOut, in: strings.NewReader(answer), interactive: true}
+		root := a.rootCmd()
+		root.SetArgs(append([]string{"--via-lambda", "fn", "dlq", "discard", "--consumer", "shipping", "--group", "order-2", "--reason", "test data"}, args...))
+		err := root.ExecuteContext(context.Background())
+		return errOut.String(), err
+	}
+	errOut, err := run("n\n")
+	if err == nil || !strings.Contains(err.Error(), "cancelled: nothing changed") || !strings.Contains(errOut, "go ahead") {
+		t.Fatalf("answered n: %v\n%s", err, errOut)
+	}
+	if len(f.payloads) != 1 || f.payloads[0]["dry_run"] != true {
+		t.Fatalf("answered n: invoked with %v, want only the dry run", f.payloads)
+	}
+	if _, err := run("y\n"); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.payloads) != 3 || f.payloads[1]["dry_run"] != true || f.payloads[2]["dry_run"] != nil {
+		t.Fatalf("answered y: invoked with %v, want the dry run, then the discard", f.payloads)
+	}
+	if _, err := run("", "--yes"); err != nil || len(f.payloads) != 4 || f.payloads[3]["dry_run"] != nil {
+		t.Fatalf("--yes: %v, invoked with %v", err, f.payloads)
+	}
+}
