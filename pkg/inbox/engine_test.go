@@ -81,7 +81,7 @@ func (f *fakeBroker) taken() []call {
 type keepingBroker struct{ *fakeBroker }
 
 func (k keepingBroker) KeepAlive(_ context.Context, rs []*inbox.Record) { k.kept.Add(int64(len(rs))) }
-func (k keepingBroker) KeepAliveEvery() time.Duration                  { return k.keepGap }
+func (k keepingBroker) KeepAliveEvery() time.Duration                   { return k.keepGap }
 
 // recordOf is e as a delivered record with id.
 func recordOf(t testing.TB, id string, e envelope.Envelope) *inbox.Record {

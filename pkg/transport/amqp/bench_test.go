@@ -17,6 +17,7 @@ import (
 	"github.com/fifobox/fifobox/internal/pgtest"
 	"github.com/fifobox/fifobox/internal/proccpu"
 	"github.com/fifobox/fifobox/pkg/envelope"
+	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/outbox/outboxtest"
 	"github.com/fifobox/fifobox/pkg/transport/amqp"
@@ -289,9 +290,9 @@ func latencyRun(b *testing.B, rate, seconds int) {
 		}
 		defer pool.Close()
 		r, err := amqp.NewRunner(cfg, pool, func(context.Context, pgx.Tx, envelope.Envelope) error { return nil },
-			amqp.ConsumerConfig{Consumer: c.Name, OnSettle: func(s amqp.Settlement) {
+			inbox.ConsumerConfig{Consumer: c.Name, OnSettle: func(s inbox.Settlement) {
 				now := time.Now()
-				if s.Action != amqp.ActionApplied {
+				if s.Action != inbox.ActionApplied {
 					return
 				}
 				mu.Lock()

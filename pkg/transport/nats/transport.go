@@ -65,7 +65,7 @@ func (t *Transport) Operations() transport.Operations { return t.ops }
 
 // Consumer returns a Runner for the named consumer.
 func (t *Transport) Consumer(name string, db inbox.DB, apply inbox.Apply) (transport.Runner, error) {
-	return NewRunner(t.cfg, db, apply, ConsumerConfig{Consumer: name, LogAggregateIDs: Env.Get(EnvLogAggregateIDs) == "true"})
+	return NewRunner(t.cfg, db, apply, inbox.ConsumerConfig{Consumer: name, LogAggregateIDs: Env.Get(EnvLogAggregateIDs) == "true"})
 }
 
 // Close closes the publisher's and operations' connections.
