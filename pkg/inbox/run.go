@@ -11,8 +11,13 @@ import (
 
 // Retry parking (inbox_parked, migration 00020): one row per parked group.
 const (
-	sqlParks = `SELECT group_id, message_key, failures, retry, due_at, expires_at FROM inbox_parked
+	sqlParks = `SELECT false, group_id, message_key, failures, retry, due_at, expires_at FROM inbox_parked
 WHERE consumer = $1 AND group_id = ANY($2::text[])`
+	// Strict order: the parks, and one more row if any group is held (its
+	// rows are read only then, in a round trip of their own).
+	sqlParksAndHeld = sqlParks + `
+UNION ALL
+SELECT true, '', '', 0, 0, now(), now() WHERE EXISTS (SELECT 1 FROM inbox_held WHERE consumer = $1 AND group_id = ANY($2::text[]))`
 	sqlPark = `INSERT INTO inbox_parked (consumer, group_id, message_key, event_id, sequence, failures, retry, due_at, expires_at, last_error)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
 ON CONFLICT (consumer, group_id) DO UPDATE SET message_key = EXCLUDED.message_key, event_id = EXCLUDED.event_id,
@@ -109,7 +114,7 @@ func (e *Engine) run(ctx context.Context, batch []*Record, deadline bool, pre ma
 	if !deadline && first.decodeErr == nil && pre[first] == nil {
 		claimFirst = first
 	}
-	st, firstClaimed, err := e.readState(bctx, &b, groups, strict, len(batch), claimFirst)
+	st, firstClaimed, err := e.readState(bctx, &b, batch, groups, strict, claimFirst)
 	cancel()
 	if err != nil {
 		return nil, err
@@ -283,37 +288,58 @@ func undoFresh(ctx context.Context, b *batchTx) {
 // held, in one round trip that also sets claim's savepoint and claims it
 // (claim nil: no record to claim); the held rows take one more round trip,
 // only when a group is held.
-func (e *Engine) readState(ctx context.Context, b *batchTx, groups []string, strict bool, n int, claim *Record) (groupState, bool, error) {
+func (e *Engine) readState(ctx context.Context, b *batchTx, batch []*Record, groups []string, strict bool, claim *Record) (groupState, bool, error) {
 	st := groupState{parks: map[string]park{}}
 	if strict {
 		st.holds = newHoldSet()
 	}
-	if len(groups) == 0 && claim == nil {
-		return st, false, nil
+	n := len(batch)
+	// A broker that keeps a group's later messages back while one is
+	// retried (SQS FIFO) cannot deliver a first delivery behind a parked
+	// head: a batch of first deliveries needs no parks (only a retried
+	// message reads its own failure count).
+	needParks := !e.cfg.OrderedRedelivery
+	for _, r := range batch {
+		needParks = needParks || r.Deliveries != 1
 	}
-	batch := &pgx.Batch{}
+	q := ""
+	switch {
+	case len(groups) == 0:
+	case needParks && strict:
+		q = sqlParksAndHeld
+	case needParks:
+		q = sqlParks
+	case strict:
+		q = sqlAnyHeld
+	}
+	pb := &pgx.Batch{}
 	if claim != nil {
 		b.n++
 		b.current = fmt.Sprintf("fifobox_record_%d", b.n)
-		batch.Queue("SAVEPOINT " + b.current)
+		pb.Queue("SAVEPOINT " + b.current)
 	}
-	if len(groups) > 0 {
-		batch.Queue(sqlParks, e.cfg.Consumer, groups)
-		if strict {
-			batch.Queue(sqlAnyHeld, e.cfg.Consumer, groups)
-		}
+	if q != "" {
+		pb.Queue(q, e.cfg.Consumer, groups)
 	}
 	if claim != nil {
-		batch.Queue(sqlClaim, e.cfg.Consumer, claim.env.ID, claim.env.AggregateType, claim.env.AggregateID, claim.env.Sequence)
+		pb.Queue(sqlClaim, e.cfg.Consumer, claim.env.ID, claim.env.AggregateType, claim.env.AggregateID, claim.env.Sequence)
 	}
-	br := b.tx.SendBatch(ctx, batch)
+	if pb.Len() == 0 {
+		return st, false, nil
+	}
+	br := b.tx.SendBatch(ctx, pb)
 	held, claimed, err := func() (held, claimed bool, err error) {
 		if claim != nil {
 			if _, err := br.Exec(); err != nil {
 				return false, false, err
 			}
 		}
-		if len(groups) > 0 {
+		switch q {
+		case sqlAnyHeld:
+			if err := br.QueryRow().Scan(&held); err != nil {
+				return false, false, err
+			}
+		case sqlParks, sqlParksAndHeld:
 			rows, err := br.Query()
 			if err != nil {
 				return false, false, err
@@ -321,20 +347,20 @@ func (e *Engine) readState(ctx context.Context, b *batchTx, groups []string, str
 			for rows.Next() {
 				var g string
 				var p park
-				if err := rows.Scan(&g, &p.key, &p.failures, &p.retry, &p.due, &p.expires); err != nil {
+				var isHeld bool
+				if err := rows.Scan(&isHeld, &g, &p.key, &p.failures, &p.retry, &p.due, &p.expires); err != nil {
 					rows.Close()
 					return false, false, err
 				}
-				st.parks[g] = p
+				if isHeld {
+					held = true
+				} else {
+					st.parks[g] = p
+				}
 			}
 			rows.Close()
 			if err := rows.Err(); err != nil {
 				return false, false, err
-			}
-			if strict {
-				if err := br.QueryRow().Scan(&held); err != nil {
-					return false, false, err
-				}
 			}
 		}
 		if claim != nil {
