@@ -600,3 +600,40 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// A record on its broker's last delivery (SQS: maxReceiveCount) holds its
+// group before it runs, committed at once: while the database is down for
+// the batch (or if the process died now) the hold already keeps the group
+// behind it; once it is applied the hold goes, and a failure dead-letters
+// it at once, whatever its retry budget.
+func TestEnginePreHoldsALastDelivery(t *testing.T) {
+	t.Parallel()
+	db := &flakyDB{DB: newDB(t)}
+	fb := &fakeBroker{}
+	f := &failing{}
+	e := newEngine(t, db, f.apply, inbox.EngineConfig{MaxRetries: 5, Lanes: 1, InfraRetryMax: 20 * time.Millisecond})
+	a1, b1 := ev("A", 1), ev("B", 1)
+	f.set(b1.ID, errors.New("busy"))
+	last := func(id string, e envelope.Envelope) *inbox.Record {
+		r := recordOf(t, id, e)
+		r.LastDelivery = true
+		return r
+	}
+	db.down.Store(true)
+	s := e.Start(context.Background(), fb, nil)
+	s.Submit(last("a1", a1))
+	waitFor(t, func() bool { return len(heldRowsOf(t, db.DB)) == 1 })
+	if h := heldRowsOf(t, db.DB); h[0] != "A:last-receive" {
+		t.Fatalf("held %v before the batch ran, want A's pre-hold", h)
+	}
+	db.down.Store(false)
+	s.Submit(last("b1", b1))
+	waitFor(t, func() bool { return fb.count() == 2 })
+	s.Stop(true)
+	if got := summary(fb.taken()); got != "ack a1; dead b1 exhausted" {
+		t.Fatalf("settled %s", got)
+	}
+	if h := strings.Join(heldRowsOf(t, db.DB), ","); h != "B:exhausted" {
+		t.Fatalf("held rows %s, want A's pre-hold released and B held", h)
+	}
+}

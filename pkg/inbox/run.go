@@ -101,6 +101,11 @@ func (e *Engine) run(ctx context.Context, batch []*Record, deadline bool, pre ma
 	// Every database call has HandlerTimeout: a database that hangs is a
 	// failed batch (retried in place), not a stuck lane.
 	tctx := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, e.cfg.HandlerTimeout) }
+	if strict && !deadline {
+		if err := e.preHold(tctx, batch); err != nil {
+			return nil, err
+		}
+	}
 	bctx, cancel := tctx()
 	if err := b.begin(bctx, e.db); err != nil {
 		cancel()
@@ -282,6 +287,41 @@ func undoFresh(ctx context.Context, b *batchTx) {
 	c, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	b.undo(c)
+}
+
+// preHold holds, committed at once and before the batch runs, the group of
+// every record on its broker's last delivery (strict order): if the attempt
+// fails the engine dead-letters the record and the hold stays; if the
+// process dies, the broker gives up on the record (SQS moves it to the DLQ
+// itself) and the hold still keeps the group's later events behind it. A
+// record is pre-held only while every earlier record of its group in the
+// batch is on its last delivery too, so a pre-hold never puts a later
+// record ahead of an earlier one.
+func (e *Engine) preHold(tctx func() (context.Context, context.CancelFunc), batch []*Record) error {
+	var pg, pk, pe []string
+	var ps []int64
+	notLast := map[string]bool{}
+	for _, r := range batch {
+		if r.group == "" {
+			continue
+		}
+		if !r.LastDelivery || r.decodeErr != nil {
+			notLast[r.group] = true
+			continue
+		}
+		if !notLast[r.group] {
+			pg, pk, pe, ps = append(pg, r.group), append(pk, r.key), append(pe, r.env.ID), append(ps, r.env.Sequence)
+		}
+	}
+	if len(pg) == 0 {
+		return nil
+	}
+	ctx, cancel := tctx()
+	defer cancel()
+	if _, err := e.db.Exec(ctx, sqlPreHold, e.cfg.Consumer, pg, pk, pe, ps); err != nil {
+		return infraError("hold groups before their last delivery", err)
+	}
+	return nil
 }
 
 // readState reads the groups' parks and, in strict order, whether any is

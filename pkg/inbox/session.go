@@ -109,28 +109,36 @@ func (e *Engine) Handle(ctx context.Context, b Broker, recs []*Record) error {
 		}
 		mu.Unlock()
 	})
-	for _, r := range recs {
-		s.Submit(r)
-	}
+	s.Submit(recs...)
 	s.Close()
 	mu.Lock()
 	defer mu.Unlock()
 	return first
 }
 
-// Submit decodes r and queues it on its group's lane.
-func (s *Session) Submit(r *Record) {
-	r.decode()
+// Submit decodes records and queues each on its group's lane, in order.
+// Records submitted in one call are queued before any of them starts, so a
+// lane takes them in one batch (a Lambda invocation's records).
+func (s *Session) Submit(records ...*Record) {
 	s.mu.Lock()
-	s.nextSeq++
-	r.seq = s.nextSeq
-	s.inHand[r] = struct{}{}
+	for _, r := range records {
+		r.decode()
+		s.nextSeq++
+		r.seq = s.nextSeq
+		s.inHand[r] = struct{}{}
+	}
 	s.mu.Unlock()
-	l := s.lanes[laneOf(r.laneKey(), len(s.lanes))]
-	l.mu.Lock()
-	l.queue = append(l.queue, r)
-	l.mu.Unlock()
-	l.poke()
+	perLane := map[*lane][]*Record{}
+	for _, r := range records {
+		l := s.lanes[laneOf(r.laneKey(), len(s.lanes))]
+		perLane[l] = append(perLane[l], r)
+	}
+	for l, rs := range perLane {
+		l.mu.Lock()
+		l.queue = append(l.queue, rs...)
+		l.mu.Unlock()
+		l.poke()
+	}
 }
 
 // Stop ends the session: drain true finishes what is queued (a graceful
