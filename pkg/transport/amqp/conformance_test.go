@@ -29,7 +29,7 @@ var harness = transporttest.Harness{
 	New: func(t *testing.T, o transporttest.Options) transporttest.Deployment {
 		topo := amqp.Topology{Exchange: amqp.Exchange{Name: "events", Kind: amqp.KindTopic}, RoutingKey: "{aggregate_type}.{event_type}"}
 		for _, name := range o.Consumers {
-			topo.Consumers = append(topo.Consumers, amqp.Consumer{Name: name, Bindings: []amqp.Binding{{Key: "#"}}, Retry: o.Retry})
+			topo.Consumers = append(topo.Consumers, amqp.Consumer{Name: name, Bindings: []amqp.Binding{{Key: "#"}}, Retry: o.Retry, Workers: o.Lanes})
 		}
 		cfg, v := setup(t, topo)
 		return &deployment{t: t, cfg: cfg, vhost: v}

@@ -31,7 +31,7 @@ var harness = transporttest.Harness{
 		topo := natsbus.Topology{Stream: "CONF", SubjectPrefix: "conf"}
 		for _, name := range o.Consumers {
 			topo.Consumers = append(topo.Consumers, natsbus.Consumer{Name: name, Filters: []string{">"}, Retry: o.Retry,
-				AckWait: transport.Duration(ackWait)})
+				AckWait: transport.Duration(ackWait), Workers: o.Lanes})
 		}
 		cfg := setup(t, topo)
 		// Every client of the deployment connects through a proxy the

@@ -61,11 +61,17 @@ type Options struct {
 	// consumer holds (JetStream ack_wait, SQS visibility timeout); 0: the
 	// harness's default for tests.
 	AckWait time.Duration
+	// Lanes is each consumer's lanes (workers): 4, so that a test holds few
+	// database connections.
+	Lanes int
 }
 
 func (o *Options) defaults() {
 	if len(o.Consumers) == 0 {
 		o.Consumers = []string{"c1"}
+	}
+	if o.Lanes == 0 {
+		o.Lanes = 4
 	}
 	if o.Retry == (transport.RetryPolicy{}) {
 		o.Retry = transport.RetryPolicy{MaxRetries: 2, InitialDelay: transport.Duration(100 * time.Millisecond),
@@ -146,12 +152,14 @@ func Main(m *testing.M, h Harness) {
 	}
 	// The suite's tests mostly wait (on brokers, timers, side effects that
 	// sleep): run more of them at once than GOMAXPROCS, unless -parallel
-	// says otherwise.
+	// says otherwise. Four, not more: each holds up to about ten PostgreSQL
+	// connections (Options.Lanes keeps that down), and the CI server allows
+	// 100 for every package go test runs at once.
 	flag.Parse()
 	set := false
 	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
 	if !set {
-		_ = flag.Set("test.parallel", "8")
+		_ = flag.Set("test.parallel", "4")
 	}
 	os.Exit(m.Run())
 }

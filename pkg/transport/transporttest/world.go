@@ -60,6 +60,7 @@ func newWorld(t *testing.T, h Harness, opts Options) *world {
 		t.Fatal(err)
 	}
 	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	cfg.MaxConns = 2
 	if w.planDB, err = pgxpool.NewWithConfig(context.Background(), cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -362,7 +363,7 @@ func (w *world) proxiedPool() (*pgxpool.Pool, *Proxy) {
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	cfg.MaxConns = 8
+	cfg.MaxConns = 6
 	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
 	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
@@ -386,7 +387,7 @@ func runChild(h Harness) error {
 		return err
 	}
 	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
-	cfg.MaxConns = 16 // a lane holds one for its batch
+	cfg.MaxConns = 6 // a lane holds one for its batch
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		return err
@@ -394,7 +395,9 @@ func runChild(h Harness) error {
 	defer pool.Close()
 	// The fail plan is read on connections of its own: a side effect that
 	// waits for a second connection of the inbox's pool could wait for ever.
-	plan, err := pgxpool.NewWithConfig(context.Background(), cfg.Copy())
+	pcfg := cfg.Copy()
+	pcfg.MaxConns = 2
+	plan, err := pgxpool.NewWithConfig(context.Background(), pcfg)
 	if err != nil {
 		return err
 	}
