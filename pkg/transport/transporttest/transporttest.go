@@ -12,7 +12,6 @@ package transporttest
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"os"
 	"testing"
@@ -149,17 +148,6 @@ func Main(m *testing.M, h Harness) {
 			os.Exit(2)
 		}
 		os.Exit(0)
-	}
-	// The suite's tests mostly wait (on brokers, timers, side effects that
-	// sleep): run more of them at once than GOMAXPROCS, unless -parallel
-	// says otherwise. Four, not more: each holds up to about ten PostgreSQL
-	// connections (Options.Lanes keeps that down), and the CI server allows
-	// 100 for every package go test runs at once.
-	flag.Parse()
-	set := false
-	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
-	if !set {
-		_ = flag.Set("test.parallel", "4")
 	}
 	os.Exit(m.Run())
 }
