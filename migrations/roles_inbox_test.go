@@ -50,7 +50,7 @@ func runEngine(ctx context.Context, t *testing.T, pool *pgxpool.Pool, consumer s
 		case "o-2":
 			return errors.New("busy")
 		case "o-3":
-			return inbox.Permanent(errors.New("rejected"))
+			return envelope.Permanent(errors.New("rejected"))
 		}
 		return nil
 	}, inbox.EngineConfig{ConsumerConfig: inbox.ConsumerConfig{Consumer: consumer, Logger: quiet}, MaxRetries: 3,

@@ -330,7 +330,7 @@ func TestEngineDeadLettersAtOnceAndRelaxedOrderGoesOn(t *testing.T) {
 			fb := &fakeBroker{}
 			f := &failing{}
 			a1, a2 := ev("A", 1), ev("A", 2)
-			f.set(a1.ID, inbox.Permanent(errors.New("unknown schema")))
+			f.set(a1.ID, envelope.Permanent(errors.New("unknown schema")))
 			e := newEngine(t, db.Pool, f.apply, inbox.EngineConfig{ConsumerConfig: inbox.ConsumerConfig{Order: order}, MaxRetries: 5, Lanes: 1})
 			recs := []*inbox.Record{recordOf(t, "a1", a1), recordOf(t, "a2", a2), {ID: "junk", Body: []byte("not json")},
 				{ID: "junk-of-B", Group: "B", Body: []byte("{}")}}

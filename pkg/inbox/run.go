@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -256,7 +257,7 @@ func (e *Engine) decide(ctx context.Context, b *batchTx, r *Record, speculated, 
 	// The event's own failure.
 	n := d.failures + 1
 	class := ClassTransient
-	if IsPermanent(ferr) {
+	if envelope.IsPermanent(ferr) {
 		class = ClassPermanent
 	} else if n > e.cfg.MaxRetries || r.LastDelivery {
 		class = ClassExhausted

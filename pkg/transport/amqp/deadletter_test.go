@@ -33,7 +33,7 @@ func TestDeadLetterCopiesCarryTheReason(t *testing.T) {
 	r, err := amqp.NewRunner(cfg, db.Pool, func(ctx context.Context, tx pgx.Tx, e envelope.Envelope) error {
 		switch e.ID {
 		case rejected.ID:
-			return inbox.Permanent(errors.New("document schema not supported"))
+			return envelope.Permanent(errors.New("document schema not supported"))
 		case busy.ID:
 			return errors.New("index busy")
 		}

@@ -1,4 +1,4 @@
-package natsbus_test
+package nats_test
 
 import (
 	"encoding/json"
@@ -10,7 +10,7 @@ import (
 	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/transport"
-	natsbus "github.com/fifobox/fifobox/pkg/transport/nats"
+	nats "github.com/fifobox/fifobox/pkg/transport/nats"
 	"github.com/fifobox/fifobox/pkg/transport/transporttest"
 )
 
@@ -28,9 +28,9 @@ var harness = transporttest.Harness{
 		if ackWait == 0 {
 			ackWait = 2 * time.Second // redeliveries of a killed consumer's messages come soon
 		}
-		topo := natsbus.Topology{Stream: "CONF", SubjectPrefix: "conf"}
+		topo := nats.Topology{Stream: "CONF", SubjectPrefix: "conf"}
 		for _, name := range o.Consumers {
-			topo.Consumers = append(topo.Consumers, natsbus.Consumer{Name: name, Filters: []string{">"}, Retry: o.Retry,
+			topo.Consumers = append(topo.Consumers, nats.Consumer{Name: name, Filters: []string{">"}, Retry: o.Retry,
 				AckWait: transport.Duration(ackWait), Workers: o.Lanes})
 		}
 		cfg := setup(t, topo)
@@ -41,10 +41,10 @@ var harness = transporttest.Harness{
 		return &deployment{t: t, cfg: cfg, px: px}
 	},
 	Rebuild: func(spec string) (transporttest.Deployment, error) {
-		var cfg natsbus.Config
+		var cfg nats.Config
 		if err := json.Unmarshal([]byte(spec), &struct {
 			URL      *string           `json:"url"`
-			Topology *natsbus.Topology `json:"topology"`
+			Topology *nats.Topology `json:"topology"`
 		}{&cfg.URL, &cfg.Topology}); err != nil {
 			return nil, err
 		}
@@ -58,21 +58,21 @@ var harness = transporttest.Harness{
 // deployment is one test's streams and consumers.
 type deployment struct {
 	t   *testing.T // nil in a child process
-	cfg natsbus.Config
+	cfg nats.Config
 	px  *transporttest.Proxy
 
 	once sync.Once
-	pub  *natsbus.Publisher
-	ops  *natsbus.Operations
+	pub  *nats.Publisher
+	ops  *nats.Operations
 }
 
 func (d *deployment) init() {
 	d.once.Do(func() {
 		var err error
-		if d.pub, err = natsbus.NewPublisher(d.cfg); err != nil {
+		if d.pub, err = nats.NewPublisher(d.cfg); err != nil {
 			panic(err)
 		}
-		if d.ops, err = natsbus.NewOperations(d.cfg); err != nil {
+		if d.ops, err = nats.NewOperations(d.cfg); err != nil {
 			panic(err)
 		}
 		if d.t != nil {
@@ -85,7 +85,7 @@ func (d *deployment) Publisher() outbox.Publisher      { d.init(); return d.pub 
 func (d *deployment) Operations() transport.Operations { d.init(); return d.ops }
 func (d *deployment) CutConnections(*testing.T) int    { return d.px.Cut() }
 func (d *deployment) Runner(c string, db inbox.DB, apply inbox.Apply, cc inbox.ConsumerConfig) (transport.Runner, error) {
-	return natsbus.NewRunner(d.cfg, db, apply, cc)
+	return nats.NewRunner(d.cfg, db, apply, cc)
 }
 
 func (d *deployment) Spec() string {

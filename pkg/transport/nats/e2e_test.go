@@ -1,4 +1,4 @@
-package natsbus_test
+package nats_test
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/topology"
-	natsbus "github.com/fifobox/fifobox/pkg/transport/nats"
+	nats "github.com/fifobox/fifobox/pkg/transport/nats"
 )
 
 // pipeline is the whole flow on the real server: outbox -> dispatcher ->
@@ -26,10 +26,10 @@ import (
 type pipeline struct {
 	t    *testing.T
 	db   *pgtest.DB
-	cfg  natsbus.Config
-	topo natsbus.Topology
+	cfg  nats.Config
+	topo nats.Topology
 	disp *outbox.Dispatcher
-	ops  *natsbus.Operations
+	ops  *nats.Operations
 
 	mu       sync.Mutex
 	fail     func(consumer string, e envelope.Envelope) error // injected side-effect failure
@@ -40,9 +40,9 @@ type pipeline struct {
 	wg     sync.WaitGroup
 }
 
-type pipelineOpt func(*natsbus.Config)
+type pipelineOpt func(*nats.Config)
 
-func newPipeline(t *testing.T, topo natsbus.Topology, opts ...pipelineOpt) *pipeline {
+func newPipeline(t *testing.T, topo nats.Topology, opts ...pipelineOpt) *pipeline {
 	t.Helper()
 	needServer(t)
 	p := &pipeline{t: t, db: pgtest.New(t)}
@@ -76,7 +76,7 @@ func newPipeline(t *testing.T, topo natsbus.Topology, opts ...pipelineOpt) *pipe
 				name, e.ID, e.AggregateType, e.AggregateID, e.Sequence, e.Type)
 			return err
 		}
-		r, err := natsbus.NewRunner(p.cfg, p.db.Pool, apply, inbox.ConsumerConfig{Consumer: name, OnSettle: func(s inbox.Settlement) {
+		r, err := nats.NewRunner(p.cfg, p.db.Pool, apply, inbox.ConsumerConfig{Consumer: name, OnSettle: func(s inbox.Settlement) {
 			p.mu.Lock()
 			p.settled = append(p.settled, s)
 			p.mu.Unlock()
@@ -96,7 +96,7 @@ func newPipeline(t *testing.T, topo natsbus.Topology, opts ...pipelineOpt) *pipe
 	}
 	p.wg.Add(1)
 	go func() { defer p.wg.Done(); _ = p.disp.Run(ctx) }()
-	p.ops, err = natsbus.NewOperations(p.cfg)
+	p.ops, err = nats.NewOperations(p.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -327,9 +327,9 @@ var (
 	}
 )
 
-func mustFromTopology(t *testing.T, tp topology.Topology) natsbus.Topology {
+func mustFromTopology(t *testing.T, tp topology.Topology) nats.Topology {
 	t.Helper()
-	n, err := natsbus.FromTopology(tp)
+	n, err := nats.FromTopology(tp)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -341,12 +341,12 @@ func mustFromTopology(t *testing.T, tp topology.Topology) natsbus.Topology {
 func TestEndToEnd(t *testing.T) {
 	tests := []struct {
 		name  string
-		topo  natsbus.Topology
+		topo  nats.Topology
 		kinds []aggKind
 	}{
-		{"holdco", natsbus.Holdco(), holdcoKinds},
-		{"ticketing", natsbus.Ticketing(), ticketingKinds},
-		{"corewrite", natsbus.Corewrite(), corewriteKinds},
+		{"holdco", nats.Holdco(), holdcoKinds},
+		{"ticketing", nats.Ticketing(), ticketingKinds},
+		{"corewrite", nats.Corewrite(), corewriteKinds},
 		{"default", mustFromTopology(t, topology.Default()), defaultKinds},
 	}
 	for _, tt := range tests {

@@ -1,4 +1,4 @@
-package natsbus
+package nats
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
+	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fifobox/fifobox/pkg/inbox"
@@ -90,7 +90,7 @@ func (b *broker) Retry(_ context.Context, r *inbox.Record, rt inbox.Retry) error
 // take it, r is not settled: the engine's session ends and r comes back.
 func (b *broker) DeadLetter(ctx context.Context, r *inbox.Record, dl inbox.DeadLetter) error {
 	d := r.Handle.(*delivery)
-	h := nats.Header{}
+	h := natsgo.Header{}
 	for k, v := range d.m.Headers() {
 		if !strings.HasPrefix(strings.ToLower(k), "nats-") {
 			h[k] = v
@@ -106,7 +106,7 @@ func (b *broker) DeadLetter(ctx context.Context, r *inbox.Record, dl inbox.DeadL
 	// One id per (consumer, stream message): a resend after a lost PubAck is
 	// dropped by the dead-letter stream's duplicate window.
 	h[HeaderMsgID] = []string{fmt.Sprintf("%s:%s:%d", b.c.Name, b.topo.Stream, d.seq())}
-	msg := &nats.Msg{Subject: b.topo.DLQSubject(b.c), Data: d.m.Data(), Header: h}
+	msg := &natsgo.Msg{Subject: b.topo.DLQSubject(b.c), Data: d.m.Data(), Header: h}
 	if err := b.dlq.sendOne(ctx, outgoing{msg: msg, stream: b.topo.DeadLetterStream}); err != nil {
 		return fmt.Errorf("dead-letter stream %s: %w", b.topo.DeadLetterStream, err)
 	}

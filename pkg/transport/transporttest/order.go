@@ -10,6 +10,7 @@ import (
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/outbox"
+	"github.com/fifobox/fifobox/pkg/transport"
 )
 
 // An event failing past its retries is dead-lettered and holds its
@@ -45,9 +46,9 @@ func testStrictOrderThroughDeadLetterAndRedrive(t *testing.T, h Harness) {
 	}
 
 	w.fix()
-	moved, err := w.dep.Operations().Redrive(context.Background(), "c1", 100)
-	if err != nil || moved != 3 {
-		t.Fatalf("redrive moved %d: %v", moved, err)
+	res, err := w.dep.Operations().Redrive(context.Background(), transport.RedriveRequest{Consumer: "c1", Max: 100})
+	if err != nil || res.Moved != 3 {
+		t.Fatalf("redrive moved %d: %v", res.Moved, err)
 	}
 	w.waitApplied("c1", 6, 60*time.Second)
 	time.Sleep(300 * time.Millisecond) // a stray copy would show
@@ -97,8 +98,8 @@ func testPoisonHeldAlone(t *testing.T, h Harness) {
 		return w.count(`SELECT count(*) FROM applied WHERE consumer = 'c2' AND aggregate_id <> 'P'`) == len(all)
 	})
 	w.fix()
-	if moved, err := w.dep.Operations().Redrive(context.Background(), "c1", 100); err != nil || moved != 4 {
-		t.Fatalf("redrive moved %d: %v", moved, err)
+	if res, err := w.dep.Operations().Redrive(context.Background(), transport.RedriveRequest{Consumer: "c1", Max: 100}); err != nil || res.Moved != 4 {
+		t.Fatalf("redrive moved %d: %v", res.Moved, err)
 	}
 	w.waitApplied("c1", len(all)+4, 60*time.Second)
 	if got := w.seqs("c1", "P"); !slices.Equal(got, []int64{1, 2, 3, 4}) {

@@ -84,7 +84,7 @@ func sideEffect(consumer string, delay time.Duration, plan *pgxpool.Pool) inbox.
 RETURNING permanent`, e.ID).Scan(&permanent)
 			switch {
 			case err == nil && permanent:
-				return inbox.Permanent(fmt.Errorf("event %d of %s rejected (planned)", e.Sequence, e.AggregateID))
+				return envelope.Permanent(fmt.Errorf("event %d of %s rejected (planned)", e.Sequence, e.AggregateID))
 			case err == nil:
 				return fmt.Errorf("event %d of %s failed (planned)", e.Sequence, e.AggregateID)
 			case err != pgx.ErrNoRows:
@@ -196,7 +196,7 @@ func Message(e envelope.Envelope) outbox.Message {
 	if err != nil {
 		panic(err)
 	}
-	return outbox.Message{EventID: e.ID, GroupID: e.AggregateID, DedupID: e.ID, AggregateType: e.AggregateType,
+	return outbox.Message{EventID: e.ID, GroupID: e.AggregateID, AggregateType: e.AggregateType,
 		Sequence: e.Sequence, EventType: e.Type, Body: body, Attributes: e.Attributes(), Attempt: 1}
 }
 
