@@ -64,12 +64,13 @@ func (d decision) settlement() Settlement {
 }
 
 // unfinishedDecisions hands every record back to a broker that keeps group
-// order itself, without counting a failure (a deadline with the database
-// unreachable).
-func unfinishedDecisions(batch []*Record) []decision {
+// order itself, without counting a failure: not started before a deadline
+// (ClassDeadline), or its database work failed for as long as it could
+// wait (ClassTransient).
+func unfinishedDecisions(batch []*Record, class string) []decision {
 	ds := make([]decision, len(batch))
 	for i, r := range batch {
-		ds[i] = decision{action: ActionDeferred, class: ClassDeadline, failures: r.Failures, retry: Retry{Failures: r.Failures}}
+		ds[i] = decision{action: ActionDeferred, class: class, failures: r.Failures, retry: Retry{Failures: r.Failures}}
 	}
 	return ds
 }
@@ -86,7 +87,7 @@ func infraError(what string, err error) error { return fmt.Errorf("%s: %w", what
 func (e *Engine) run(ctx context.Context, batch []*Record, deadline bool, pre map[*Record]error, pastDeadline func() bool) ([]decision, error) {
 	ds := make([]decision, len(batch))
 	if deadline && e.cfg.OrderedRedelivery {
-		return unfinishedDecisions(batch), nil
+		return unfinishedDecisions(batch, ClassDeadline), nil
 	}
 	var b batchTx
 	defer b.rollback(ctx)
@@ -196,7 +197,7 @@ func (e *Engine) decide(ctx context.Context, b *batchTx, r *Record, speculated, 
 	if stopped {
 		undoSpeculation()
 		if e.cfg.OrderedRedelivery {
-			*d = unfinishedDecisions([]*Record{r})[0]
+			*d = unfinishedDecisions([]*Record{r}, ClassDeadline)[0]
 			return nil
 		}
 		return e.deferUnstarted(ctx, b, sp(), r, st, parkHead, p, d)

@@ -21,7 +21,11 @@ type Session struct {
 	broker Broker
 	ctx    context.Context // for database and broker calls; never cancelled by Stop
 	stopAt time.Time       // Lambda: start nothing after this (zero: no deadline)
-	onFail func(error)
+	// waitUntil bounds how long a batch waits in place for the database
+	// (zero: as long as the session lasts); past it the batch's records are
+	// handed back as at a deadline.
+	waitUntil time.Time
+	onFail    func(error)
 
 	lanes []*lane
 	wg    sync.WaitGroup
@@ -68,11 +72,11 @@ type heldGroup struct {
 // ctx carries values for database and broker calls; ending it does not end
 // the session (Stop does).
 func (e *Engine) Start(ctx context.Context, b Broker, onFail func(error)) *Session {
-	return e.start(ctx, b, time.Time{}, onFail)
+	return e.start(ctx, b, time.Time{}, time.Time{}, onFail)
 }
 
-func (e *Engine) start(ctx context.Context, b Broker, stopAt time.Time, onFail func(error)) *Session {
-	s := &Session{e: e, broker: b, ctx: context.WithoutCancel(ctx), stopAt: stopAt, onFail: onFail,
+func (e *Engine) start(ctx context.Context, b Broker, stopAt, waitUntil time.Time, onFail func(error)) *Session {
+	s := &Session{e: e, broker: b, ctx: context.WithoutCancel(ctx), stopAt: stopAt, waitUntil: waitUntil, onFail: onFail,
 		inHand: map[*Record]struct{}{}, halt: make(chan struct{}), keepStop: make(chan struct{}), keepDone: make(chan struct{})}
 	s.lanes = make([]*lane, e.cfg.Lanes)
 	for i := range s.lanes {
@@ -86,7 +90,9 @@ func (e *Engine) start(ctx context.Context, b Broker, stopAt time.Time, onFail f
 }
 
 // Handle applies one Lambda invocation's records and settles each through
-// b before it returns. Lanes run concurrently; within a group records run
+// b before it returns. A batch whose database work fails waits in place
+// for the database until DeadlineMargin before ctx's deadline (not at all
+// when ctx has none) and is then handed back like the records not started. Lanes run concurrently; within a group records run
 // in the order given. Once ctx's deadline is within DeadlineMargin no
 // record is started: the rest are handed to b.Retry behind nothing newer of
 // their group (their groups parked in the database unless the broker keeps
@@ -96,13 +102,16 @@ func (e *Engine) start(ctx context.Context, b Broker, stopAt time.Time, onFail f
 // caller fails the invocation and the event source redelivers the batch,
 // whose records the inbox state then recognises.
 func (e *Engine) Handle(ctx context.Context, b Broker, recs []*Record) error {
-	var stopAt time.Time
+	// Without a deadline (a caller that is not a Lambda invocation) a batch
+	// does not wait for the database: its records are handed back at once.
+	stopAt, waitUntil := time.Time{}, time.Now()
 	if dl, ok := ctx.Deadline(); ok {
 		stopAt = dl.Add(-e.cfg.DeadlineMargin)
+		waitUntil = stopAt
 	}
 	var mu sync.Mutex
 	var first error
-	s := e.start(ctx, b, stopAt, func(err error) {
+	s := e.start(ctx, b, stopAt, waitUntil, func(err error) {
 		mu.Lock()
 		if first == nil {
 			first = err
@@ -412,8 +421,9 @@ func (l *lane) process(batch []*Record) bool {
 	wait := 100 * time.Millisecond
 	var since time.Time
 	pre := map[*Record]error{}
+	handBack := false // waited as long as allowed: only hand the records back
 	for {
-		deadline := s.pastDeadline()
+		deadline := handBack || s.pastDeadline()
 		ds, err := s.e.run(s.ctx, batch, deadline, pre, s.pastDeadline)
 		if err == nil {
 			if !since.IsZero() {
@@ -429,7 +439,7 @@ func (l *lane) process(batch []*Record) bool {
 		if deadline {
 			// Not even the deadline's bookkeeping could be written.
 			if s.e.cfg.OrderedRedelivery {
-				l.settle(batch, unfinishedDecisions(batch))
+				l.settle(batch, unfinishedDecisions(batch, ClassDeadline))
 				return true
 			}
 			s.fail(fmt.Errorf("inbox engine: records not finished before the deadline could not be parked: %w", err))
@@ -438,14 +448,22 @@ func (l *lane) process(batch []*Record) bool {
 		if s.givingUp() {
 			return false // unsettled: the transport hands them back to the broker
 		}
+		if !s.waitUntil.IsZero() && !time.Now().Before(s.waitUntil) {
+			if s.e.cfg.OrderedRedelivery {
+				l.settle(batch, unfinishedDecisions(batch, ClassTransient))
+				return true
+			}
+			handBack = true
+			continue
+		}
 		if since.IsZero() {
 			since = time.Now()
 			s.e.log.Warn("inbox engine: the batch's database work failed; retrying it in place (no retry budget spent)",
 				"consumer", s.e.cfg.Consumer, "records", len(batch), "error", err.Error())
 		}
 		pause := wait
-		if !s.stopAt.IsZero() {
-			pause = min(pause, max(time.Until(s.stopAt), 0))
+		if !s.waitUntil.IsZero() {
+			pause = min(pause, max(time.Until(s.waitUntil), 0))
 		}
 		t := time.NewTimer(pause)
 		select {

@@ -43,7 +43,7 @@ var harness = transporttest.Harness{
 	Rebuild: func(spec string) (transporttest.Deployment, error) {
 		var cfg nats.Config
 		if err := json.Unmarshal([]byte(spec), &struct {
-			URL      *string           `json:"url"`
+			URL      *string        `json:"url"`
 			Topology *nats.Topology `json:"topology"`
 		}{&cfg.URL, &cfg.Topology}); err != nil {
 			return nil, err
