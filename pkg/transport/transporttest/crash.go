@@ -220,12 +220,15 @@ func testLambdaDeadline(t *testing.T, h Harness) {
 	}
 	w := newWorld(t, h, Options{})
 	var lists [][]envelope.Envelope
-	for i := 0; i < 3; i++ {
-		lists = append(lists, events(fmt.Sprintf("agg-%d", i), 1, 10))
+	for i := 0; i < 10; i++ {
+		lists = append(lists, events(fmt.Sprintf("agg-%d", i), 1, 3))
 	}
 	all := interleave(lists...)
 	w.publish(all...)
-	// Each aggregate's ten events take 2s, more than the invocation has.
+	// A lane's share takes longer than the invocation has: 200ms an event,
+	// ten aggregates over four lanes (RabbitMQ), or ten records of one
+	// receive on SQS's single lane (an SQS FIFO receive returns one record
+	// per group here).
 	cc := w.consumerConfig(inbox.ConsumerConfig{Consumer: "c1", DeadlineMargin: 500 * time.Millisecond})
 	src := h.Features.Lambda(t, w.dep, "c1", w.db.Pool, sideEffect("c1", 200*time.Millisecond, w.planDB), cc)
 	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
@@ -249,7 +252,7 @@ func testLambdaDeadline(t *testing.T, h Harness) {
 			t.Errorf("a record not finished before the deadline counts %d failures", s.Failures)
 		}
 	}
-	for i := 0; i < 30 && w.count(`SELECT count(*) FROM applied`) < len(all); i++ {
+	for i := 0; i < 60 && w.count(`SELECT count(*) FROM applied`) < len(all); i++ {
 		ictx, icancel := context.WithTimeout(context.Background(), 30*time.Second)
 		if _, err := src.Invoke(ictx, len(all)); err != nil {
 			icancel()
