@@ -31,7 +31,7 @@ func (t *Transport) LambdaHandler(lc transport.LambdaConfig) (any, error) {
 	m := &lambdaMetrics{em: lc.Metrics, log: lc.Logger}
 	m.acc.Consumer = lc.Consumer
 	h, err := NewLambdaHandler(cfg, lc.DB, lc.Apply, inbox.ConsumerConfig{
-		Consumer: lc.Consumer, LogAggregateIDs: lc.LogAggregateIDs, OnSettle: m.settled,
+		Consumer: lc.Consumer, LogAggregateIDs: lc.LogAggregateIDs, OnSettle: m.settled, DeadlineMargin: lc.DeadlineMargin, Logger: lc.Logger,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("new consumer: %w", err)
