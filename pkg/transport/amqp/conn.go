@@ -13,6 +13,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/fifobox/fifobox/pkg/envspec"
+	"github.com/fifobox/fifobox/pkg/wire"
 )
 
 // Environment variables read by ConfigFromEnv.
@@ -67,6 +68,11 @@ type Config struct {
 	TLS *tls.Config
 	// Logger; default slog.Default().
 	Logger *slog.Logger
+	// Wire, if set, publishes every event as this wire profile renders it
+	// (its exchange, routing key, body, headers and properties) instead of
+	// fifobox's envelope through Topology (pkg/wire; ProfileProvisioner
+	// declares the profile's entities).
+	Wire *wire.Mapper
 }
 
 func (c *Config) setDefaults() {
@@ -131,6 +137,9 @@ func ConfigFromEnv() (Config, error) {
 		return Config{}, fmt.Errorf("%s: %w", EnvTopology, err)
 	}
 	c.Topology = t
+	if c.Wire, err = wireFromEnv(); err != nil {
+		return Config{}, err
+	}
 	c.setDefaults()
 	return c, c.Validate()
 }

@@ -131,6 +131,9 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error 
 
 // message renders one outbox message as a publishing to the events exchange.
 func (p *Publisher) message(m *outbox.Message, now time.Time) (outgoing, error) {
+	if p.cfg.Wire != nil {
+		return p.wireMessage(m)
+	}
 	if len(m.Body) > p.cfg.MaxMessageBytes {
 		return outgoing{}, outbox.Permanent(fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(m.Body), p.cfg.MaxMessageBytes))
 	}

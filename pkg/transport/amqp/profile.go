@@ -1,0 +1,376 @@
+package amqp
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os/exec"
+	"strings"
+	"time"
+
+	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/fifobox/fifobox/pkg/envspec"
+	"github.com/fifobox/fifobox/pkg/outbox"
+	"github.com/fifobox/fifobox/pkg/transport"
+	"github.com/fifobox/fifobox/pkg/wire"
+)
+
+// This file is RabbitMQ's side of wire profiles (pkg/wire): a publisher
+// with Config.Wire set publishes each event as the profile renders it, and
+// ProfileProvisioner declares the profile's exchanges and queues exactly as
+// the profile gives them, with the policies AMQP itself cannot set.
+
+// EnvPolicies chooses how ProfileProvisioner sets policies.
+const EnvPolicies = "FIFOBOX_AMQP_POLICIES"
+
+// ProfileEnv declares the variables ProfileFromEnv reads.
+var ProfileEnv = envspec.Join(wire.Env, envspec.Set{
+	{Name: EnvPolicies, Doc: "how a profile's queue policies are set: management (default; the management API at http://<host>:15672, or https://<host> for amqps), management:<url>, or rabbitmqctl (a local broker)"},
+})
+
+// wireMessage renders m through the profile: its exchange, routing key,
+// body, headers and properties.
+func (p *Publisher) wireMessage(m *outbox.Message) (outgoing, error) {
+	w, err := p.cfg.Wire.Render(m)
+	if err != nil {
+		return outgoing{}, outbox.Permanent(err)
+	}
+	if len(w.Body) > p.cfg.MaxMessageBytes {
+		return outgoing{}, outbox.Permanent(fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(w.Body), p.cfg.MaxMessageBytes))
+	}
+	if len(w.Destination) > 255 {
+		return outgoing{}, outbox.Permanent(fmt.Errorf("%w: %d bytes", ErrRoutingKey, len(w.Destination)))
+	}
+	h := make(amqp091.Table, len(w.Headers))
+	for _, x := range w.Headers {
+		h[x.Name] = x.Value
+	}
+	return outgoing{exchange: p.cfg.Wire.Profile().RabbitMQ.Exchange, key: w.Destination, msg: amqp091.Publishing{
+		Headers:      h,
+		ContentType:  w.ContentType,
+		DeliveryMode: amqp091.Persistent,
+		MessageId:    w.MessageID,
+		Type:         w.Type,
+		Timestamp:    w.Timestamp,
+		AppId:        "fifobox",
+		Body:         w.Body,
+	}}, nil
+}
+
+// PolicySetter sets and reads RabbitMQ policies, which AMQP cannot.
+type PolicySetter interface {
+	// SetPolicy creates or replaces the policy name on vhost for the queues
+	// matching pattern.
+	SetPolicy(ctx context.Context, vhost string, p Policy) error
+	// QueuePolicy names the policy queue follows now ("" for none).
+	QueuePolicy(ctx context.Context, vhost, queue string) (string, error)
+}
+
+// Policy is one queue policy.
+type Policy struct {
+	Name       string
+	Pattern    string
+	Definition map[string]any
+	Priority   int
+}
+
+// ProfileProvisioner declares a profile's RabbitMQ entities: every
+// exchange, then every queue with exactly its arguments, its bindings,
+// and for a queue with a policy the policy (pattern ^queue$), checked to
+// be the one the queue follows. Declaring what exists with the same
+// settings changes nothing; an existing entity with other settings is
+// ErrTopologyConflict naming it, and nothing is changed or deleted.
+type ProfileProvisioner struct {
+	cfg      Config
+	policies PolicySetter
+}
+
+var _ transport.Provisioner = (*ProfileProvisioner)(nil)
+
+// NewProfileProvisioner returns a provisioner for cfg.Wire's profile.
+// policies may be nil when no queue of the profile has a policy.
+func NewProfileProvisioner(cfg Config, policies PolicySetter) (*ProfileProvisioner, error) {
+	if err := cfg.prepare(); err != nil {
+		return nil, fmt.Errorf("new amqp profile provisioner: %w", err)
+	}
+	if cfg.Wire == nil {
+		return nil, errors.New("new amqp profile provisioner: Config.Wire is not set")
+	}
+	r := cfg.Wire.Profile().RabbitMQ
+	for i, q := range r.Queues {
+		if len(q.Policy) > 0 && policies == nil {
+			return nil, fmt.Errorf("profile %s: rabbitmq.queues[%d].policy: setting a policy needs the management API or rabbitmqctl (%s)",
+				cfg.Wire.Profile().Name, i, EnvPolicies)
+		}
+	}
+	return &ProfileProvisioner{cfg: cfg, policies: policies}, nil
+}
+
+// Provision implements transport.Provisioner.
+func (p *ProfileProvisioner) Provision(ctx context.Context) error {
+	prof := p.cfg.Wire.Profile()
+	r := prof.RabbitMQ
+	conn, err := p.cfg.dial("provisioner")
+	if err != nil {
+		return fmt.Errorf("provision profile %s: %w", prof.Name, err)
+	}
+	defer conn.Close()
+	// A failed declare closes the channel: each step gets a fresh one when
+	// the last failed, so the error names the entity and nothing else.
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("provision profile %s: open channel: %w", prof.Name, err)
+	}
+	defer func() { _ = ch.Close() }()
+	step := func(what string, err error) error {
+		if err == nil {
+			return ctx.Err()
+		}
+		var ae *amqp091.Error
+		if errors.As(err, &ae) && ae.Code == amqp091.PreconditionFailed {
+			return fmt.Errorf("provision profile %s: %s: %w: %s", prof.Name, what, ErrTopologyConflict, ae.Reason)
+		}
+		return fmt.Errorf("provision profile %s: %s: %w", prof.Name, what, err)
+	}
+	for i, x := range r.Exchanges {
+		what := fmt.Sprintf("rabbitmq.exchanges[%d] %q", i, x.Name)
+		if err := step(what, ch.ExchangeDeclare(x.Name, x.Type, x.IsDurable(), x.AutoDelete, x.Internal, false, amqp091.Table(x.Arguments))); err != nil {
+			return err
+		}
+	}
+	for i, q := range r.Queues {
+		what := fmt.Sprintf("rabbitmq.queues[%d] %q", i, q.Name)
+		if _, err := ch.QueueDeclare(q.Name, q.IsDurable(), q.AutoDelete, false, false, amqp091.Table(q.Arguments)); err != nil {
+			return step(what, err)
+		}
+		for j, b := range q.Bindings {
+			if err := step(fmt.Sprintf("%s.bindings[%d] from %q key %q", what, j, b.Exchange, b.Key),
+				ch.QueueBind(q.Name, b.Key, b.Exchange, false, amqp091.Table(b.Arguments))); err != nil {
+				return err
+			}
+		}
+	}
+	if err := p.applyPolicies(ctx); err != nil {
+		return err
+	}
+	p.cfg.Logger.Info("amqp: profile provisioned", "profile", prof.Name, "exchanges", len(r.Exchanges), "queues", len(r.Queues))
+	return nil
+}
+
+// applyPolicies sets each queue's policy, then waits until every such
+// queue follows it: a user's policy of higher priority matching the queue
+// would silently win, and the profile's dead-lettering with it.
+func (p *ProfileProvisioner) applyPolicies(ctx context.Context) error {
+	prof := p.cfg.Wire.Profile()
+	r := prof.RabbitMQ
+	uri, err := amqp091.ParseURI(p.cfg.URL)
+	if err != nil {
+		return err
+	}
+	vhost := uri.Vhost
+	var want []string
+	for i, q := range r.Queues {
+		if len(q.Policy) == 0 {
+			continue
+		}
+		pol := Policy{Name: wire.PolicyName(q.Name), Pattern: wire.PolicyPattern(q.Name), Definition: q.Policy, Priority: r.PolicyPriority}
+		if err := p.policies.SetPolicy(ctx, vhost, pol); err != nil {
+			return fmt.Errorf("provision profile %s: rabbitmq.queues[%d].policy (%s): %w", prof.Name, i, pol.Name, err)
+		}
+		want = append(want, q.Name)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for _, q := range want {
+		for {
+			got, err := p.policies.QueuePolicy(ctx, vhost, q)
+			if err != nil {
+				return fmt.Errorf("provision profile %s: read the policy of queue %q: %w", prof.Name, q, err)
+			}
+			if got == wire.PolicyName(q) {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("provision profile %s: queue %q follows policy %q, not %q: a policy of higher priority matches it (raise rabbitmq.policy_priority or narrow that policy)",
+					prof.Name, q, got, wire.PolicyName(q))
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}
+	return nil
+}
+
+// PoliciesFromEnv returns the PolicySetter FIFOBOX_AMQP_POLICIES chooses
+// for the broker at amqpURL.
+func PoliciesFromEnv(amqpURL string) (PolicySetter, error) {
+	v := ProfileEnv.Get(EnvPolicies)
+	switch {
+	case v == "rabbitmqctl":
+		return Rabbitmqctl{}, nil
+	case v == "" || v == "management":
+		return NewManagementPolicies("", amqpURL)
+	case strings.HasPrefix(v, "management:"):
+		return NewManagementPolicies(strings.TrimPrefix(v, "management:"), amqpURL)
+	}
+	return nil, fmt.Errorf("%s %q: management, management:<url> or rabbitmqctl", EnvPolicies, v)
+}
+
+// Rabbitmqctl sets policies with the rabbitmqctl command on this machine
+// (a local broker without the management plugin). Path defaults to
+// "rabbitmqctl" on PATH.
+type Rabbitmqctl struct{ Path string }
+
+func (r Rabbitmqctl) run(ctx context.Context, args ...string) (string, error) {
+	path := r.Path
+	if path == "" {
+		path = "rabbitmqctl"
+	}
+	out, err := exec.CommandContext(ctx, path, append([]string{"-q"}, args...)...).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("rabbitmqctl %s: %w: %s", args[0], err, bytes.TrimSpace(out))
+	}
+	return string(out), nil
+}
+
+// SetPolicy implements PolicySetter.
+func (r Rabbitmqctl) SetPolicy(ctx context.Context, vhost string, p Policy) error {
+	def, err := json.Marshal(p.Definition)
+	if err != nil {
+		return err
+	}
+	_, err = r.run(ctx, "set_policy", "-p", vhost, "--priority", fmt.Sprint(p.Priority), "--apply-to", "queues", p.Name, p.Pattern, string(def))
+	return err
+}
+
+// QueuePolicy implements PolicySetter.
+func (r Rabbitmqctl) QueuePolicy(ctx context.Context, vhost, queue string) (string, error) {
+	out, err := r.run(ctx, "list_queues", "-p", vhost, "--no-table-headers", "name", "policy")
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(out, "\n") {
+		name, pol, _ := strings.Cut(strings.TrimRight(line, "\r"), "\t")
+		if name == queue {
+			return strings.TrimSpace(pol), nil
+		}
+	}
+	return "", fmt.Errorf("queue %q not found", queue)
+}
+
+// ManagementPolicies sets policies through the RabbitMQ management HTTP
+// API (Amazon MQ serves it on https://<broker host>), as the AMQP URL's
+// user, which needs the policymaker (or administrator) tag.
+type ManagementPolicies struct {
+	base       *url.URL
+	user, pass string
+	client     *http.Client
+}
+
+// NewManagementPolicies returns a PolicySetter for the API at base
+// (default: https://<host> for an amqps URL, http://<host>:15672 for amqp).
+func NewManagementPolicies(base, amqpURL string) (*ManagementPolicies, error) {
+	a, err := amqp091.ParseURI(amqpURL)
+	if err != nil {
+		return nil, errors.New("management policies: the AMQP URL does not parse")
+	}
+	var u *url.URL
+	switch {
+	case base != "":
+		if u, err = url.Parse(base); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("%s: management URL: want http(s)://host[:port]", EnvPolicies)
+		}
+	case a.Scheme == "amqps":
+		u = &url.URL{Scheme: "https", Host: a.Host}
+	default:
+		u = &url.URL{Scheme: "http", Host: net.JoinHostPort(a.Host, "15672")}
+	}
+	return &ManagementPolicies{base: u, user: a.Username, pass: a.Password, client: &http.Client{Timeout: 30 * time.Second}}, nil
+}
+
+func (m *ManagementPolicies) do(ctx context.Context, method, path string, body any, out any) error {
+	u := *m.base
+	u.RawPath = path
+	u.Path, _ = url.PathUnescape(path)
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), rd)
+	if err != nil {
+		return err
+	}
+	req.SetBasicAuth(m.user, m.pass)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := m.client.Do(req)
+	if err != nil {
+		// The URL carries no credentials; the error cannot echo them.
+		return fmt.Errorf("%s %s: %w", method, u.Path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode/100 != 2 {
+		if len(b) > 300 {
+			b = b[:300]
+		}
+		return fmt.Errorf("%s %s: %s %s", method, u.Path, resp.Status, bytes.TrimSpace(b))
+	}
+	if out != nil {
+		return json.Unmarshal(b, out)
+	}
+	return nil
+}
+
+// SetPolicy implements PolicySetter (PUT /api/policies/<vhost>/<name>).
+func (m *ManagementPolicies) SetPolicy(ctx context.Context, vhost string, p Policy) error {
+	return m.do(ctx, http.MethodPut, "/api/policies/"+url.PathEscape(vhost)+"/"+url.PathEscape(p.Name), map[string]any{
+		"pattern": p.Pattern, "definition": p.Definition, "priority": p.Priority, "apply-to": "queues",
+	}, nil)
+}
+
+// QueuePolicy implements PolicySetter (GET /api/queues/<vhost>/<name>).
+func (m *ManagementPolicies) QueuePolicy(ctx context.Context, vhost, queue string) (string, error) {
+	var q struct {
+		Policy string `json:"policy"`
+	}
+	err := m.do(ctx, http.MethodGet, "/api/queues/"+url.PathEscape(vhost)+"/"+url.PathEscape(queue), nil, &q)
+	return q.Policy, err
+}
+
+// wireFromEnv reads FIFOBOX_PROFILE: nil when unset, else the profile
+// compiled for RabbitMQ.
+func wireFromEnv() (*wire.Mapper, error) {
+	p, err := wire.FromEnv()
+	if err != nil || p == nil {
+		return nil, err
+	}
+	m, err := p.Mapper(wire.TransportRabbitMQ)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", wire.EnvProfile, err)
+	}
+	return m, nil
+}
+
+// newProvisioner is the transport's provisioner: the profile's when
+// Config.Wire is set (with the policy setter FIFOBOX_AMQP_POLICIES
+// chooses), else the topology's.
+func newProvisioner(cfg Config) (transport.Provisioner, error) {
+	if cfg.Wire == nil {
+		return NewProvisioner(cfg)
+	}
+	pol, err := PoliciesFromEnv(cfg.URL)
+	if err != nil {
+		return nil, err
+	}
+	return NewProfileProvisioner(cfg, pol)
+}
