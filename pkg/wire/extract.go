@@ -27,11 +27,15 @@ func (e *KeyError) Error() string {
 // back into an event: every field fifobox needs has a key (from the
 // template, Keys or Defaults). The error names the missing key.
 func (p *Profile) Reversible() error {
+	var missing []string
 	for _, f := range []string{"event_id", "event_type", "aggregate_type", "aggregate_id"} {
 		if _, ok := p.keys[f]; !ok && p.Defaults[f] == "" {
-			return fmt.Errorf("profile %s: keys.%s: the body does not say where the %s is; add keys.%s (a member path) or defaults.%s",
-				p.Name, f, strings.ReplaceAll(f, "_", " "), f, f)
+			missing = append(missing, "keys."+f)
 		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("profile %s: %s: the body does not say where these are; add each as a member path (or a constant under defaults)",
+			p.Name, strings.Join(missing, ", "))
 	}
 	return nil
 }

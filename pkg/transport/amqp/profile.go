@@ -66,11 +66,11 @@ func (p *Publisher) wireMessage(m *outbox.Message) (outgoing, error) {
 
 // PolicySetter sets and reads RabbitMQ policies, which AMQP cannot.
 type PolicySetter interface {
-	// SetPolicy creates or replaces the policy name on vhost for the queues
-	// matching pattern.
-	SetPolicy(ctx context.Context, vhost string, p Policy) error
-	// QueuePolicy names the policy queue follows now ("" for none).
-	QueuePolicy(ctx context.Context, vhost, queue string) (string, error)
+	// SetPolicies creates or replaces each policy on vhost.
+	SetPolicies(ctx context.Context, vhost string, ps []Policy) error
+	// QueuePolicies maps each queue of vhost to the policy it follows now
+	// ("" for none).
+	QueuePolicies(ctx context.Context, vhost string) (map[string]string, error)
 }
 
 // Policy is one queue policy.
@@ -90,6 +90,9 @@ type Policy struct {
 type ProfileProvisioner struct {
 	cfg      Config
 	policies PolicySetter
+	// PolicyWait bounds the wait for every queue to follow its policy.
+	// Default 30s.
+	PolicyWait time.Duration
 }
 
 var _ transport.Provisioner = (*ProfileProvisioner)(nil)
@@ -175,39 +178,51 @@ func (p *ProfileProvisioner) applyPolicies(ctx context.Context) error {
 		return err
 	}
 	vhost := uri.Vhost
+	var ps []Policy
 	var want []string
-	for i, q := range r.Queues {
+	for _, q := range r.Queues {
 		if len(q.Policy) == 0 {
 			continue
 		}
-		pol := Policy{Name: wire.PolicyName(q.Name), Pattern: wire.PolicyPattern(q.Name), Definition: q.Policy, Priority: r.PolicyPriority}
-		if err := p.policies.SetPolicy(ctx, vhost, pol); err != nil {
-			return fmt.Errorf("provision profile %s: rabbitmq.queues[%d].policy (%s): %w", prof.Name, i, pol.Name, err)
-		}
+		ps = append(ps, Policy{Name: wire.PolicyName(q.Name), Pattern: wire.PolicyPattern(q.Name), Definition: q.Policy, Priority: r.PolicyPriority})
 		want = append(want, q.Name)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for _, q := range want {
-		for {
-			got, err := p.policies.QueuePolicy(ctx, vhost, q)
-			if err != nil {
-				return fmt.Errorf("provision profile %s: read the policy of queue %q: %w", prof.Name, q, err)
-			}
-			if got == wire.PolicyName(q) {
+	if len(ps) == 0 {
+		return nil
+	}
+	if err := p.policies.SetPolicies(ctx, vhost, ps); err != nil {
+		return fmt.Errorf("provision profile %s: rabbitmq.queues[].policy: %w", prof.Name, err)
+	}
+	wait := p.PolicyWait
+	if wait <= 0 {
+		wait = 30 * time.Second
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		got, err := p.policies.QueuePolicies(ctx, vhost)
+		if err != nil {
+			return fmt.Errorf("provision profile %s: read the queues' policies: %w", prof.Name, err)
+		}
+		var wrong error
+		for _, q := range want {
+			if got[q] != wire.PolicyName(q) {
+				wrong = fmt.Errorf("provision profile %s: queue %q follows policy %q, not %q: a policy of higher priority matches it (raise rabbitmq.policy_priority or narrow that policy)",
+					prof.Name, q, got[q], wire.PolicyName(q))
 				break
 			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("provision profile %s: queue %q follows policy %q, not %q: a policy of higher priority matches it (raise rabbitmq.policy_priority or narrow that policy)",
-					prof.Name, q, got, wire.PolicyName(q))
-			}
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(200 * time.Millisecond):
-			}
+		}
+		if wrong == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return wrong
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (%v)", wrong, ctx.Err())
+		case <-time.After(500 * time.Millisecond):
 		}
 	}
-	return nil
 }
 
 // PoliciesFromEnv returns the PolicySetter FIFOBOX_AMQP_POLICIES chooses
@@ -231,40 +246,66 @@ func PoliciesFromEnv(amqpURL string) (PolicySetter, error) {
 type Rabbitmqctl struct{ Path string }
 
 func (r Rabbitmqctl) run(ctx context.Context, args ...string) (string, error) {
+	return r.runInput(ctx, nil, args...)
+}
+
+func (r Rabbitmqctl) runInput(ctx context.Context, stdin []byte, args ...string) (string, error) {
 	path := r.Path
 	if path == "" {
 		path = "rabbitmqctl"
 	}
-	out, err := exec.CommandContext(ctx, path, append([]string{"-q"}, args...)...).CombinedOutput()
+	cmd := exec.CommandContext(ctx, path, append([]string{"-q"}, args...)...)
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return "", fmt.Errorf("rabbitmqctl %s: %w: %s", args[0], err, bytes.TrimSpace(out))
 	}
 	return string(out), nil
 }
 
-// SetPolicy implements PolicySetter.
-func (r Rabbitmqctl) SetPolicy(ctx context.Context, vhost string, p Policy) error {
-	def, err := json.Marshal(p.Definition)
+// SetPolicies implements PolicySetter: one import_definitions call (each
+// rabbitmqctl call starts an Erlang VM, seconds on a busy machine).
+func (r Rabbitmqctl) SetPolicies(ctx context.Context, vhost string, ps []Policy) error {
+	type def struct {
+		Vhost      string         `json:"vhost"`
+		Name       string         `json:"name"`
+		Pattern    string         `json:"pattern"`
+		ApplyTo    string         `json:"apply-to"`
+		Definition map[string]any `json:"definition"`
+		Priority   int            `json:"priority"`
+	}
+	defs := struct {
+		Policies []def `json:"policies"`
+	}{}
+	for _, p := range ps {
+		defs.Policies = append(defs.Policies, def{vhost, p.Name, p.Pattern, "queues", p.Definition, p.Priority})
+	}
+	b, err := json.Marshal(defs)
 	if err != nil {
 		return err
 	}
-	_, err = r.run(ctx, "set_policy", "-p", vhost, "--priority", fmt.Sprint(p.Priority), "--apply-to", "queues", p.Name, p.Pattern, string(def))
+	// From standard input: given a file, the broker (another OS user)
+	// reads it itself.
+	_, err = r.runInput(ctx, b, "import_definitions")
 	return err
 }
 
-// QueuePolicy implements PolicySetter.
-func (r Rabbitmqctl) QueuePolicy(ctx context.Context, vhost, queue string) (string, error) {
+// QueuePolicies implements PolicySetter.
+func (r Rabbitmqctl) QueuePolicies(ctx context.Context, vhost string) (map[string]string, error) {
 	out, err := r.run(ctx, "list_queues", "-p", vhost, "--no-table-headers", "name", "policy")
 	if err != nil {
-		return "", err
+		return nil, err
 	}
+	m := map[string]string{}
 	for _, line := range strings.Split(out, "\n") {
 		name, pol, _ := strings.Cut(strings.TrimRight(line, "\r"), "\t")
-		if name == queue {
-			return strings.TrimSpace(pol), nil
+		if name != "" {
+			m[name] = strings.TrimSpace(pol)
 		}
 	}
-	return "", fmt.Errorf("queue %q not found", queue)
+	return m, nil
 }
 
 // ManagementPolicies sets policies through the RabbitMQ management HTTP
@@ -299,6 +340,7 @@ func NewManagementPolicies(base, amqpURL string) (*ManagementPolicies, error) {
 
 func (m *ManagementPolicies) do(ctx context.Context, method, path string, body any, out any) error {
 	u := *m.base
+	path, u.RawQuery, _ = strings.Cut(path, "?")
 	u.RawPath = path
 	u.Path, _ = url.PathUnescape(path)
 	var rd io.Reader
@@ -331,20 +373,32 @@ func (m *ManagementPolicies) do(ctx context.Context, method, path string, body a
 	return nil
 }
 
-// SetPolicy implements PolicySetter (PUT /api/policies/<vhost>/<name>).
-func (m *ManagementPolicies) SetPolicy(ctx context.Context, vhost string, p Policy) error {
-	return m.do(ctx, http.MethodPut, "/api/policies/"+url.PathEscape(vhost)+"/"+url.PathEscape(p.Name), map[string]any{
-		"pattern": p.Pattern, "definition": p.Definition, "priority": p.Priority, "apply-to": "queues",
-	}, nil)
+// SetPolicies implements PolicySetter (PUT /api/policies/<vhost>/<name> each).
+func (m *ManagementPolicies) SetPolicies(ctx context.Context, vhost string, ps []Policy) error {
+	for _, p := range ps {
+		if err := m.do(ctx, http.MethodPut, "/api/policies/"+url.PathEscape(vhost)+"/"+url.PathEscape(p.Name), map[string]any{
+			"pattern": p.Pattern, "definition": p.Definition, "priority": p.Priority, "apply-to": "queues",
+		}, nil); err != nil {
+			return fmt.Errorf("policy %s: %w", p.Name, err)
+		}
+	}
+	return nil
 }
 
-// QueuePolicy implements PolicySetter (GET /api/queues/<vhost>/<name>).
-func (m *ManagementPolicies) QueuePolicy(ctx context.Context, vhost, queue string) (string, error) {
-	var q struct {
+// QueuePolicies implements PolicySetter (GET /api/queues/<vhost>).
+func (m *ManagementPolicies) QueuePolicies(ctx context.Context, vhost string) (map[string]string, error) {
+	var qs []struct {
+		Name   string `json:"name"`
 		Policy string `json:"policy"`
 	}
-	err := m.do(ctx, http.MethodGet, "/api/queues/"+url.PathEscape(vhost)+"/"+url.PathEscape(queue), nil, &q)
-	return q.Policy, err
+	if err := m.do(ctx, http.MethodGet, "/api/queues/"+url.PathEscape(vhost)+"?columns=name,policy", nil, &qs); err != nil {
+		return nil, err
+	}
+	out := make(map[string]string, len(qs))
+	for _, q := range qs {
+		out[q.Name] = q.Policy
+	}
+	return out, nil
 }
 
 // wireFromEnv reads FIFOBOX_PROFILE: nil when unset, else the profile
