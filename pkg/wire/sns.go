@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/fifobox/fifobox/pkg/envelope"
+	"github.com/fifobox/fifobox/pkg/topology"
 )
 
 // SNS is a profile's SNS FIFO section: the topic, how an event's message
@@ -138,8 +139,8 @@ func (s *SNS) prepare(at string) []error {
 		if c.VisibilityTimeoutSeconds == 0 {
 			c.VisibilityTimeoutSeconds = 60
 		}
-		if c.VisibilityTimeoutSeconds < 0 || c.VisibilityTimeoutSeconds > 43200 {
-			add("%s.visibility_timeout_seconds %d: 0-43200", p, c.VisibilityTimeoutSeconds)
+		if c.VisibilityTimeoutSeconds < 6 || c.VisibilityTimeoutSeconds > 43200 {
+			add("%s.visibility_timeout_seconds %d: 6-43200", p, c.VisibilityTimeoutSeconds)
 		}
 		for _, k := range sortedKeys(c.Filter) {
 			if _, ok := attrs[k]; !ok {
@@ -148,4 +149,21 @@ func (s *SNS) prepare(at string) []error {
 		}
 	}
 	return errs
+}
+
+// Topology is the section as fifobox's SNS topology: the topic, and per
+// subscription its queue, DLQ, redrive, filter and delivery style, for the
+// provisioner and the CDK app. The subscriptions' consumers are not
+// fifobox's Lambdas, so the function settings are derived: a timeout that
+// fits six times in the visibility timeout, concurrency 2.
+func (s *SNS) Topology() topology.Topology {
+	t := topology.Topology{Topic: topology.Topic{Name: s.Topic, ThroughputScope: s.ThroughputScope}}
+	for _, c := range s.Subscriptions {
+		t.Consumers = append(t.Consumers, topology.Consumer{
+			Name: c.Name, MaxReceiveCount: c.MaxReceiveCount, VisibilityTimeoutSeconds: c.VisibilityTimeoutSeconds,
+			FunctionTimeoutSeconds: max(c.VisibilityTimeoutSeconds/6, 1), MaxConcurrency: 2,
+			Filter: c.Filter, Delivery: c.Delivery,
+		})
+	}
+	return t
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
+	"github.com/fifobox/fifobox/pkg/wire"
 )
 
 // API is the part of the SNS client the publisher uses.
@@ -35,6 +36,10 @@ type Config struct {
 	MaxEntries int
 	// MaxBatchBytes per PublishBatch call, bodies plus attributes. Default 262,144, the SNS limit.
 	MaxBatchBytes int
+	// Wire, if set, publishes every event as this wire profile renders it
+	// (body, message attributes, group and deduplication ids) instead of
+	// fifobox's envelope (pkg/wire).
+	Wire *wire.Mapper
 }
 
 func (c *Config) setDefaults() {
@@ -89,6 +94,9 @@ var ErrPredecessorFailed = errors.New("snspub: an earlier message of the same gr
 // (the dispatcher never passes two, but the publisher does not rely on it).
 func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error {
 	errs := make([]error, len(msgs))
+	if p.cfg.Wire != nil {
+		msgs = p.render(msgs, errs)
+	}
 	// Waves: the k-th message of each group goes in wave k.
 	seen := map[string]int{}
 	var waves [][]int
@@ -104,6 +112,9 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error 
 	for _, wave := range waves {
 		var send []int
 		for _, i := range wave {
+			if errs[i] != nil {
+				continue
+			}
 			if failedGroup[msgs[i].GroupID] {
 				errs[i] = ErrPredecessorFailed
 				continue

@@ -1,0 +1,29 @@
+package snspub
+
+import (
+	"fmt"
+
+	"github.com/fifobox/fifobox/pkg/outbox"
+)
+
+// render returns msgs as Config.Wire renders them: the profile's body,
+// its message attributes (all of type String), and its group and
+// deduplication ids. A message that does not render gets a permanent
+// error in errs and is not sent.
+func (p *Publisher) render(msgs []outbox.Message, errs []error) []outbox.Message {
+	out := make([]outbox.Message, len(msgs))
+	for i := range msgs {
+		out[i] = msgs[i]
+		w, err := p.cfg.Wire.Render(&msgs[i])
+		if err != nil {
+			errs[i] = outbox.Permanent(err)
+			continue
+		}
+		attrs := make(map[string]string, len(w.Headers))
+		for _, h := range w.Headers {
+			attrs[h.Name] = fmt.Sprint(h.Value)
+		}
+		out[i].Body, out[i].Attributes, out[i].GroupID, out[i].DedupID = w.Body, attrs, w.GroupID, w.DedupID
+	}
+	return out
+}
