@@ -185,12 +185,15 @@ func (l *lockedWriter) Write(b []byte) (int, error) {
 	return l.w.Write(b)
 }
 
-// dispatch runs fifobox's dispatcher on db through pub until the test ends.
-func dispatch(t *testing.T, db *pgtest.DB, pub outbox.Publisher) {
+// dispatch runs fifobox's dispatcher on db through pub until the test
+// ends; tune, if given, adjusts its configuration.
+func dispatch(t *testing.T, db *pgtest.DB, pub outbox.Publisher, tune ...func(*outbox.DispatcherConfig)) {
 	t.Helper()
-	d, err := outbox.NewDispatcher(db.Pool, pub, outbox.DispatcherConfig{
-		BackoffBase: 20 * time.Millisecond, BackoffCap: 200 * time.Millisecond, Logger: quiet,
-	})
+	cfg := outbox.DispatcherConfig{BackoffBase: 20 * time.Millisecond, BackoffCap: 200 * time.Millisecond, Logger: quiet}
+	for _, f := range tune {
+		f(&cfg)
+	}
+	d, err := outbox.NewDispatcher(db.Pool, pub, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/fifobox/fifobox/pkg/transport"
 	"github.com/fifobox/fifobox/pkg/transport/amqp"
 	natsbus "github.com/fifobox/fifobox/pkg/transport/nats"
+	"github.com/fifobox/fifobox/pkg/wire"
 )
 
 // The broker credentials' variables: on AWS the functions read the broker's
@@ -31,7 +32,7 @@ const (
 
 // BrokerEnv is every variable BrokerFromEnv reads: the transport's choice,
 // that transport's settings, and the secret holding its credentials.
-var BrokerEnv = envspec.Join(transport.Env, amqp.Env, amqp.ProfileEnv, natsbus.Env, envspec.Set{
+var BrokerEnv = envspec.Join(transport.Env, amqp.Env, amqp.ProfileEnv, natsbus.Env, wire.Env, envspec.Set{
 	{Name: EnvAMQPSecretARN, Doc: `Secrets Manager secret {"username","password"} for FIFOBOX_AMQP_URL (Amazon MQ: the event source mapping's BASIC_AUTH secret); unset: credentials in the URL`},
 	{Name: EnvNATSSecretARN, Doc: `Secrets Manager secret {"username","password"}, {"token"} or {"creds"} (a .creds file's contents) for FIFOBOX_NATS_URL; unset: none or FIFOBOX_NATS_CREDS/USER/PASSWORD`},
 })

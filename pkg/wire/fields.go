@@ -144,7 +144,7 @@ func (e *event) decode() error {
 
 func (e *event) eventID() string {
 	if e.id == "" {
-		e.id = e.idFmt.format(e.m.EventID)
+		e.id = e.idFmt.Format(e.m.EventID)
 	}
 	return e.id
 }

@@ -23,8 +23,8 @@ const (
 
 func (f IDFormat) valid() bool { return f == UUID || f == ULID }
 
-// format writes the stored event id (a UUID string) in f.
-func (f IDFormat) format(stored string) string {
+// Format writes the stored event id (a UUID string) in f.
+func (f IDFormat) Format(stored string) string {
 	if f != ULID {
 		return stored
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fifobox/fifobox/pkg/envspec"
+	"github.com/fifobox/fifobox/pkg/wire"
 )
 
 // Environment variables read by ConfigFromEnv.
@@ -89,6 +90,11 @@ type Config struct {
 	TLS *tls.Config
 	// Logger; default slog.Default().
 	Logger *slog.Logger
+	// Wire, if set, publishes every event as this wire profile renders it
+	// (its subject, body and headers, Nats-Msg-Id from the profile) to the
+	// profile's stream, instead of fifobox's envelope through Topology
+	// (pkg/wire; ProfileProvisioner creates the stream).
+	Wire *wire.Mapper
 }
 
 func (c *Config) setDefaults() {
@@ -175,6 +181,9 @@ func ConfigFromEnv() (Config, error) {
 		t.Subject = v
 	}
 	c.Topology = t
+	if c.Wire, err = wireFromEnv(); err != nil {
+		return Config{}, err
+	}
 	c.setDefaults()
 	if err := c.Validate(); err != nil {
 		return Config{}, fmt.Errorf("nats config from environment (%s, %s, %s): %w", EnvStream, EnvSubjectPrefix, EnvSubject, err)

@@ -95,7 +95,12 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error 
 	var ready []int
 	for i := range msgs {
 		var err error
-		if out[i], err = p.topo.outgoing(&msgs[i], p.topo.EventSubject(&msgs[i]), msgs[i].EventID); err != nil {
+		if p.cfg.Wire != nil {
+			out[i], err = p.wireOutgoing(&msgs[i])
+		} else {
+			out[i], err = p.topo.outgoing(&msgs[i], p.topo.EventSubject(&msgs[i]), msgs[i].EventID)
+		}
+		if err != nil {
 			errs[i] = err
 			continue
 		}
