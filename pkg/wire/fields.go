@@ -2,12 +2,14 @@ package wire
 
 import (
 	"bytes"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/tidwall/gjson"
 
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
@@ -69,8 +71,9 @@ func fieldList() string {
 
 // ref is one field reference: a field, or a path into the payload.
 type ref struct {
-	f    *field
-	path []string // payload.<a>.<b>: members a then b of the payload
+	f     *field
+	path  []string // payload.<a>.<b>: members a then b of the payload
+	gpath string   // path as a gjson path (each member escaped)
 }
 
 func (r ref) String() string {
@@ -98,7 +101,11 @@ func parseRef(name string) (ref, error) {
 				return ref{}, fmt.Errorf("{%s}: an empty member name in the payload path", name)
 			}
 		}
-		return ref{f: fields["payload"], path: path}, nil
+		esc := make([]string, len(path))
+		for i, p := range path {
+			esc[i] = gjson.Escape(p)
+		}
+		return ref{f: fields["payload"], path: path, gpath: strings.Join(esc, ".")}, nil
 	}
 	f, ok := fields[name]
 	if !ok {
@@ -108,7 +115,9 @@ func parseRef(name string) (ref, error) {
 }
 
 // event is one outbox message being rendered. Values that only the encoded
-// envelope holds are decoded once, on first use.
+// envelope holds are read from it once, on first use, in one pass over its
+// members (gjson: no allocation per member; the body was written by
+// fifobox's Encode, so it is valid JSON).
 type event struct {
 	m       *outbox.Message
 	idFmt   IDFormat
@@ -116,28 +125,52 @@ type event struct {
 	decoded bool
 	env     envWire
 	err     error
-	top     map[string]json.RawMessage // the payload's members, on first payload.<path>
-	topErr  error
 }
 
 // envWire is the part of fifobox's envelope that outbox.Message's columns
 // do not carry.
 type envWire struct {
-	OccurredAt    string          `json:"occurred_at"`
-	CorrelationID string          `json:"correlation_id"`
-	CausationID   string          `json:"causation_id"`
-	TraceState    string          `json:"tracestate"`
-	SchemaVersion int             `json:"schema_version"`
-	Payload       json.RawMessage `json:"payload"`
+	OccurredAt    string
+	CorrelationID string
+	CausationID   string
+	TraceState    string
+	SchemaVersion int
+	Payload       string // the payload's JSON, as stored
 }
+
+var errNotEnvelope = errors.New("wire: the stored body is not fifobox's envelope")
 
 // decode reads the envelope body once.
 func (e *event) decode() error {
-	if !e.decoded {
-		e.decoded = true
-		if err := json.Unmarshal(e.m.Body, &e.env); err != nil {
-			e.err = fmt.Errorf("wire: the stored body is not fifobox's envelope: %w", err)
+	if e.decoded {
+		return e.err
+	}
+	e.decoded = true
+	doc := gjson.ParseBytes(e.m.Body)
+	if !doc.IsObject() {
+		e.err = errNotEnvelope
+		return e.err
+	}
+	var payload, occurred bool
+	doc.ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "occurred_at":
+			e.env.OccurredAt, occurred = v.Str, true
+		case "correlation_id":
+			e.env.CorrelationID = v.Str
+		case "causation_id":
+			e.env.CausationID = v.Str
+		case "tracestate":
+			e.env.TraceState = v.Str
+		case "schema_version":
+			e.env.SchemaVersion = int(v.Int())
+		case "payload":
+			e.env.Payload, payload = v.Raw, true
 		}
+		return true
+	})
+	if !payload || !occurred {
+		e.err = fmt.Errorf("%w: it has no payload or occurred_at", errNotEnvelope)
 	}
 	return e.err
 }
@@ -154,43 +187,24 @@ func (e *event) occurred() time.Time {
 	return t
 }
 
-// raw returns the JSON value r names, or nil when it is absent or null.
-func (e *event) raw(r ref) []byte {
-	p := e.env.Payload
-	if len(r.path) == 0 {
-		if isNull(p) {
-			return nil
-		}
-		return p
+// raw returns the JSON value r names, or "" when it is absent or null.
+func (e *event) raw(r ref) string {
+	v := e.env.Payload
+	if r.path != nil {
+		v = gjson.Get(v, r.gpath).Raw
 	}
-	if e.top == nil && e.topErr == nil {
-		e.topErr = json.Unmarshal(p, &e.top)
-	}
-	v, ok := e.top[r.path[0]]
-	for _, name := range r.path[1:] {
-		if !ok {
-			return nil
-		}
-		var m map[string]json.RawMessage
-		if json.Unmarshal(v, &m) != nil {
-			return nil
-		}
-		v, ok = m[name]
-	}
-	if !ok || isNull(v) {
-		return nil
+	if v == "null" {
+		return ""
 	}
 	return v
 }
-
-func isNull(b []byte) bool { return len(b) == 0 || bytes.Equal(b, []byte("null")) }
 
 // value is a reference's value for one event: a string, a number or raw JSON.
 type value struct {
 	k   kind
 	s   string
 	n   int64
-	raw []byte
+	raw string
 }
 
 func (v value) empty() bool {
@@ -198,7 +212,7 @@ func (v value) empty() bool {
 	case kindString:
 		return v.s == ""
 	case kindRaw:
-		return v.raw == nil
+		return v.raw == ""
 	}
 	return false
 }
@@ -213,12 +227,9 @@ func (v value) text() string {
 		return strconv.FormatInt(v.n, 10)
 	}
 	if len(v.raw) > 0 && v.raw[0] == '"' {
-		var s string
-		if json.Unmarshal(v.raw, &s) == nil {
-			return s
-		}
+		return gjson.Parse(v.raw).Str
 	}
-	return string(v.raw)
+	return v.raw
 }
 
 // appendJSON writes the value as JSON; an empty value is null.
@@ -290,3 +301,5 @@ func appendString(dst []byte, s string) []byte {
 	dst = append(dst, s[start:]...)
 	return append(dst, '"')
 }
+
+func isNull(b []byte) bool { return len(b) == 0 || bytes.Equal(b, []byte("null")) }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fifobox/fifobox/internal/proccpu"
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/wire"
@@ -402,5 +403,39 @@ func TestBuiltInProfilesLoad(t *testing.T) {
 	t.Setenv(wire.EnvProfile, `{"name":"x"}`)
 	if _, err := wire.FromEnv(); err == nil || !strings.Contains(err.Error(), wire.EnvProfile) {
 		t.Errorf("bad inline profile: %v, want the variable named", err)
+	}
+}
+
+// BenchmarkRender is the publisher-side cost of a profile per event: a
+// passthrough body with headers read from the payload (holdco), template
+// bodies (ticketing, transfers, corebilling with ULIDs), beside the native
+// envelope's (which publishes the stored body as it is: no work).
+//
+//	go test -run '^$' -bench BenchmarkRender ./pkg/wire/
+func BenchmarkRender(b *testing.B) {
+	payload := `{"order_no":"ORD-0001","total_amount":"125000.00","currency":"NGN","note":"` + strings.Repeat("x", 200) + `"}`
+	holdco := fmt.Sprintf(`{"event_id":"0190f5a2-7b3c-7d4e-8f00-123456789abc","occurred_at":"2025-12-21T22:30:00Z","aggregate_type":"order",`+
+		`"aggregate_id":"o-1","event_type":"created","group_id":"g-1","subsidiary_id":"s-1","payload":%s}`, payload)
+	for _, c := range []struct{ profile, transport, payload string }{
+		{"holdco", wire.TransportRabbitMQ, holdco},
+		{"ticketing", wire.TransportRabbitMQ, payload},
+		{"transfers", wire.TransportSNS, payload},
+		{"corebilling", wire.TransportNATS, payload},
+	} {
+		b.Run(c.profile, func(b *testing.B) {
+			m := mapper(b, c.profile, c.transport)
+			msg := message(b, event("created", "order", "o-1", c.payload), 1)
+			b.SetBytes(int64(len(msg.Body)))
+			b.ReportAllocs()
+			// CPU time, not wall time: on a shared machine the wall clock
+			// counts the waits for a core too.
+			cpu := proccpu.Self()
+			for i := 0; i < b.N; i++ {
+				if _, err := m.Render(&msg); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64((proccpu.Self()-cpu).Nanoseconds())/float64(b.N), "cpu-ns/op")
+		})
 	}
 }
