@@ -1,9 +1,11 @@
 package wire_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"reflect"
 	"strings"
 	"sync"
@@ -437,5 +439,35 @@ func BenchmarkRender(b *testing.B) {
 			}
 			b.ReportMetric(float64((proccpu.Self()-cpu).Nanoseconds())/float64(b.N), "cpu-ns/op")
 		})
+	}
+}
+
+// The example in docs/wire-profiles.md is a profile Parse accepts, and it
+// is profiles/ticketing.json (which declares the notification queues too).
+func TestDocsExampleIsTheTicketingProfile(t *testing.T) {
+	md, err := os.ReadFile("../../docs/wire-profiles.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(md)
+	i := strings.Index(s, "```json\n")
+	j := strings.Index(s[i+8:], "```")
+	if i < 0 || j < 0 {
+		t.Fatal("no json example in docs/wire-profiles.md")
+	}
+	doc, err := wire.Parse([]byte(s[i+8 : i+8+j]))
+	if err != nil {
+		t.Fatalf("the docs' example: %v", err)
+	}
+	built, err := wire.Load("ticketing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	built.RabbitMQ.Queues = built.RabbitMQ.Queues[:2]
+	built.Description = ""
+	a, _ := json.Marshal(doc)
+	b, _ := json.Marshal(built)
+	if !bytes.Equal(a, b) {
+		t.Errorf("the docs' example differs from profiles/ticketing.json:\n%s\n%s", a, b)
 	}
 }
