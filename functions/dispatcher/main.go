@@ -29,6 +29,7 @@ import (
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/outbox/snspub"
 	"github.com/fifobox/fifobox/pkg/transport"
+	"github.com/fifobox/fifobox/pkg/wire"
 )
 
 func main() {
@@ -55,7 +56,10 @@ func setup(ctx context.Context) (*dispatcher.Handler, error) {
 	}
 	var pub outbox.Publisher
 	if cfg.Transport == transport.SNS {
-		pub, err = snspub.New(awsclient.SNS(awsCfg), snspub.Config{TopicARN: cfg.TopicARN})
+		var w *wire.Mapper
+		if w, err = wire.MapperFromEnv(wire.TransportSNS); err == nil {
+			pub, err = snspub.New(awsclient.SNS(awsCfg), snspub.Config{TopicARN: cfg.TopicARN, Wire: w})
+		}
 	} else if err = broker.Credentials(ctx, lambdafn.SecretsManager(awsCfg)); err == nil {
 		pub, _, err = broker.Publisher(slog.Default()) // kept for the environment's lifetime
 	}

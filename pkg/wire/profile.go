@@ -294,3 +294,17 @@ func normalizeMap(m map[string]any, at string) (map[string]any, error) {
 	}
 	return v.(map[string]any), nil
 }
+
+// MapperFromEnv is FromEnv compiled for transport: nil when FIFOBOX_PROFILE
+// is unset. Errors name the variable.
+func MapperFromEnv(transport string) (*Mapper, error) {
+	p, err := FromEnv()
+	if err != nil || p == nil {
+		return nil, err
+	}
+	m, err := p.Mapper(transport)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", EnvProfile, err)
+	}
+	return m, nil
+}

@@ -401,19 +401,8 @@ func (m *ManagementPolicies) QueuePolicies(ctx context.Context, vhost string) (m
 	return out, nil
 }
 
-// wireFromEnv reads FIFOBOX_PROFILE: nil when unset, else the profile
-// compiled for RabbitMQ.
-func wireFromEnv() (*wire.Mapper, error) {
-	p, err := wire.FromEnv()
-	if err != nil || p == nil {
-		return nil, err
-	}
-	m, err := p.Mapper(wire.TransportRabbitMQ)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", wire.EnvProfile, err)
-	}
-	return m, nil
-}
+// wireFromEnv reads FIFOBOX_PROFILE: nil when unset.
+func wireFromEnv() (*wire.Mapper, error) { return wire.MapperFromEnv(wire.TransportRabbitMQ) }
 
 // newProvisioner is the transport's provisioner: the profile's when
 // Config.Wire is set (with the policy setter FIFOBOX_AMQP_POLICIES

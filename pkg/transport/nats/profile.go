@@ -104,19 +104,8 @@ func (p *ProfileProvisioner) Provision(ctx context.Context) error {
 	return nil
 }
 
-// wireFromEnv reads FIFOBOX_PROFILE: nil when unset, else the profile
-// compiled for NATS.
-func wireFromEnv() (*wire.Mapper, error) {
-	p, err := wire.FromEnv()
-	if err != nil || p == nil {
-		return nil, err
-	}
-	m, err := p.Mapper(wire.TransportNATS)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", wire.EnvProfile, err)
-	}
-	return m, nil
-}
+// wireFromEnv reads FIFOBOX_PROFILE: nil when unset.
+func wireFromEnv() (*wire.Mapper, error) { return wire.MapperFromEnv(wire.TransportNATS) }
 
 // newProvisioner is the transport's provisioner: the profile's when
 // Config.Wire is set, else the topology's.
