@@ -21,11 +21,11 @@ import (
 
 	"github.com/fifobox/fifobox/internal/pgtest"
 	"github.com/fifobox/fifobox/pkg/envelope"
-	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/outbox/outboxtest"
 	"github.com/fifobox/fifobox/pkg/readmodel"
 	"github.com/fifobox/fifobox/pkg/redrive"
+	"github.com/fifobox/fifobox/pkg/transport/sns"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -93,7 +93,7 @@ func TestRolesDoTheirJobAndNothingMore(t *testing.T) {
 			`SELECT * FROM redrive_audit`,
 		}},
 		{role: "fifobox_consumer", job: func(ctx context.Context, t *testing.T, pool *pgxpool.Pool) {
-			h, err := inbox.NewHandler(pool, nopDLQ{}, readmodel.Apply, inbox.HandlerConfig{Consumer: "orders", DLQURL: "dlq", Logger: quiet})
+			h, err := sns.NewHandler(pool, nopDLQ{}, readmodel.Apply, sns.HandlerConfig{Consumer: "orders", DLQURL: "dlq", Logger: quiet})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -125,7 +125,7 @@ func TestRolesDoTheirJobAndNothingMore(t *testing.T) {
 			`SELECT * FROM redrive_audit`,
 		}},
 		{role: "fifobox_operations", job: func(ctx context.Context, t *testing.T, pool *pgxpool.Pool) {
-			svc, err := redrive.New(pool, nil, redrive.Config{Logger: quiet})
+			svc, err := redrive.New(pool, redrive.Config{Logger: quiet})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -44,15 +44,15 @@ go test -count=1 -run '^$' -bench 'BenchmarkDispatchSkew' -benchtime 1x -timeout
 
 settle
 echo "==> end to end through the emulator: dispatcher vs raw PublishBatch"
-go test -run '^$' -bench 'BenchmarkThroughEmulator' -benchtime 20000x -timeout 30m ./pkg/outbox/snspub/ | quiet
+go test -run '^$' -bench 'BenchmarkThroughEmulator' -benchtime 20000x -timeout 30m ./pkg/transport/sns/ | quiet
 
 settle
 echo "==> one deep aggregate through the emulator: its own rate (SNS FIFO allows 300 messages/s per group)"
-go test -run '^$' -bench 'BenchmarkDeepAggregateThroughEmulator' -benchtime 5000x -timeout 30m ./pkg/outbox/snspub/ | quiet
+go test -run '^$' -bench 'BenchmarkDeepAggregateThroughEmulator' -benchtime 5000x -timeout 30m ./pkg/transport/sns/ | quiet
 
 settle
 echo "==> commit-to-publish latency at 1,000 events/s offered (emulator)"
-go test -run '^$' -bench 'BenchmarkLatencyAt1000' -benchtime 1x -timeout 30m ./pkg/outbox/snspub/ | quiet
+go test -run '^$' -bench 'BenchmarkLatencyAt1000' -benchtime 1x -timeout 30m ./pkg/transport/sns/ | quiet
 
 settle
 echo "==> dispatcher Lambda handler: one invocation, latency of events committed during it"
@@ -64,7 +64,7 @@ go test -count=1 -run '^$' -bench 'BenchmarkEnqueueSQL' -benchtime 20000x -timeo
 
 settle
 echo "==> consumer: messages/s through the handler with the inbox vs the same side effect without"
-go test -run '^$' -bench 'BenchmarkConsumer' -benchtime 20000x -timeout 30m ./pkg/inbox/ | quiet
+go test -run '^$' -bench 'BenchmarkConsumer' -benchtime 20000x -timeout 30m ./pkg/transport/sns/ | quiet
 
 # --- RabbitMQ transport (pkg/transport/amqp; needs the RabbitMQ of make test) ---
 ./scripts/ensure-rabbitmq.sh >/dev/null

@@ -1,7 +1,8 @@
 // Command fifobox-local runs the fifobox pipeline locally against PostgreSQL
-// and the SNS/SQS emulator (or LocalStack/Floci via AWS_ENDPOINT_URL):
+// and the transport FIFOBOX_TRANSPORT names: the SNS/SQS emulator by default
+// (or LocalStack/Floci via AWS_ENDPOINT_URL), RabbitMQ or NATS JetStream:
 // migrate, create the topology, run the dispatcher and a demo producer, and
-// show events arriving in order in every queue. `make local` runs it.
+// show events arriving in order at every consumer. `make local` runs it.
 package main
 
 import (
@@ -10,35 +11,31 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fifobox/fifobox/internal/localdemo"
 	"github.com/fifobox/fifobox/migrations"
-	"github.com/fifobox/fifobox/pkg/awsclient"
 	"github.com/fifobox/fifobox/pkg/db"
 	"github.com/fifobox/fifobox/pkg/envelope"
-	"github.com/fifobox/fifobox/pkg/inbox"
-	"github.com/fifobox/fifobox/pkg/lambdafn/consumer"
 	"github.com/fifobox/fifobox/pkg/lambdafn/dispatcher"
 	"github.com/fifobox/fifobox/pkg/metrics"
 	"github.com/fifobox/fifobox/pkg/outbox"
-	"github.com/fifobox/fifobox/pkg/outbox/snspub"
 	"github.com/fifobox/fifobox/pkg/readmodel"
 	"github.com/fifobox/fifobox/pkg/topology"
-	"github.com/fifobox/fifobox/pkg/topology/provision"
 	"github.com/fifobox/fifobox/pkg/transport"
-	"github.com/fifobox/fifobox/pkg/transport/amqp"
-	natsbus "github.com/fifobox/fifobox/pkg/transport/nats"
+
+	// The transports FIFOBOX_TRANSPORT can name: each registers itself
+	// with transport.Open.
+	_ "github.com/fifobox/fifobox/pkg/transport/amqp"
+	_ "github.com/fifobox/fifobox/pkg/transport/nats"
+	_ "github.com/fifobox/fifobox/pkg/transport/sns"
 )
 
 func main() {
@@ -64,23 +61,19 @@ func main() {
 
 // options of one run; main fills them from the flags.
 type options struct {
-	dbURL          string
-	orders, rate   int
-	period         time.Duration
-	metricsPath    string
-	out            io.Writer
-	interactive    bool   // redraw the progress line in place (a terminal)
-	topologyPrefix string // prepended to topic and queue names (tests run side by side)
+	dbURL        string
+	orders, rate int
+	period       time.Duration
+	metricsPath  string
+	out          io.Writer
+	interactive  bool // redraw the progress line in place (a terminal)
 }
 
+// run is the demo through whichever transport FIFOBOX_TRANSPORT names: its
+// topology provisioned, the dispatcher Lambda's handler publishing through
+// its publisher, and the default topology's consumers (orders-projection,
+// shipping, audit) as its runners, applying the read model through the inbox.
 func run(ctx context.Context, o options, log *slog.Logger) error {
-	kind, err := transport.KindFromEnv()
-	if err != nil {
-		return err
-	}
-	if kind == transport.SNS && os.Getenv("AWS_ENDPOINT_URL") == "" {
-		return fmt.Errorf("AWS_ENDPOINT_URL is not set: source localstack/env.sh (make local does)")
-	}
 	// pkg/db is what the Lambdas use: the same query mode as through RDS Proxy.
 	pool, err := db.Open(ctx, db.Config{URL: o.dbURL, MaxConns: 16}, nil)
 	if err != nil {
@@ -90,31 +83,31 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 	if err := migrations.Up(ctx, pool); err != nil {
 		return err
 	}
-	if kind != transport.SNS {
-		return runBroker(ctx, o, log, pool, kind)
-	}
-	cfg, err := awsclient.Load(ctx)
+	t, err := transport.Open(ctx, transport.Options{Logger: log, Local: true})
 	if err != nil {
 		return err
 	}
-	snsc, sqsc := awsclient.SNS(cfg), awsclient.SQS(cfg)
-	topo := topology.Default()
+	defer t.Close()
+	prov, err := t.Provisioner()
+	if err != nil {
+		return err
+	}
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	res, err := provision.Provision(pctx, snsc, sqsc, topo, provision.Options{Prefix: o.topologyPrefix, VisibilityTimeoutSeconds: 30})
+	err = prov.Provision(pctx)
 	cancel()
 	if err != nil {
-		return fmt.Errorf("create topology at %s: %w", os.Getenv("AWS_ENDPOINT_URL"), err)
+		return fmt.Errorf("create topology on %s: %w", t, err)
 	}
-	fmt.Fprintf(o.out, "topology: topic %s\n", res.TopicARN)
+	topo := topology.Default()
+	fmt.Fprintf(o.out, "topology: %s\n", t)
 	for _, c := range topo.Consumers {
-		q := res.Queues[c.Name]
 		filter := c.FilterPolicy()
 		if filter == "" {
 			filter = "(all events)"
 		}
-		fmt.Fprintf(o.out, "  queue %-26s filter %-34s DLQ %s after %d receives\n", q.Name, filter, c.DLQName(), c.MaxReceiveCount)
+		fmt.Fprintf(o.out, "  consumer %-20s filter %s\n", c.Name, filter)
 	}
-	sns, err := snspub.New(snsc, snspub.Config{TopicARN: res.TopicARN})
+	pub, err := t.Publisher()
 	if err != nil {
 		return err
 	}
@@ -129,106 +122,8 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 	defer mf.Close()
 	em := metrics.New(mf, "")
 
-	// The real function handlers, built as the Lambdas' main.go build them.
+	// The real dispatcher handler, built as the Lambda's main.go builds it.
 	var published atomic.Int64
-	counting := outbox.PublisherFunc(func(ctx context.Context, msgs []outbox.Message) []error {
-		errs := sns.Publish(ctx, msgs)
-		for _, err := range errs {
-			if err == nil {
-				published.Add(1)
-			}
-		}
-		return errs
-	})
-	dh, err := dispatcher.New(pool, counting, em, dispatcher.Config{Logger: log})
-	if err != nil {
-		return err
-	}
-	consumers := map[string]inbox.BatchFunc{}
-	for name, q := range res.Queues {
-		h, err := consumer.New(pool, sqsc, readmodel.ForConsumer(name), em, consumer.Config{Consumer: name, DLQURL: q.DLQURL, Logger: log})
-		if err != nil {
-			return err
-		}
-		consumers[name] = h.Handle
-	}
-	fmt.Fprintf(o.out, "demo: %d orders (created, paid, shipped; one transaction per step) at %d tx/s\n", o.orders, o.rate)
-	fmt.Fprintf(o.out, "functions: dispatcher handler invoked every %s (deadline %s); consumer handlers fed by local SQS event-source runners\n",
-		o.period, o.period+5*time.Second)
-	fmt.Fprintf(o.out, "metrics: EMF lines in %s\n\n", o.metricsPath)
-	return localdemo.Run(ctx, localdemo.Config{Orders: o.orders, Rate: o.rate, SchedulePeriod: o.period, Out: o.out, Interactive: o.interactive},
-		localdemo.Deps{Pool: pool, SQS: sqsc, Resources: res, Published: &published, Consumers: consumers, Log: log,
-			Dispatch: func(ctx context.Context) (dispatcher.Result, error) { return dh.Handle(ctx, nil) }})
-}
-
-// runBroker is the demo through RabbitMQ or NATS JetStream: the default
-// topology's consumers (orders-projection, shipping, audit) as that
-// broker's queues or stream consumers, the dispatcher Lambda's handler
-// publishing through its publisher, and its consumer runners applying the
-// read model through the inbox.
-func runBroker(ctx context.Context, o options, log *slog.Logger, pool *pgxpool.Pool, kind transport.Kind) error {
-	var (
-		t    transport.Transport
-		desc string
-		err  error
-	)
-	switch kind {
-	case transport.RabbitMQ:
-		if v := os.Getenv("FIFOBOX_AMQP_TOPOLOGY"); v != "" && v != "default" {
-			return fmt.Errorf("FIFOBOX_AMQP_TOPOLOGY=%s: make local runs the default topology (the demo's consumers)", v)
-		}
-		cfg, err := amqp.ConfigFromEnv()
-		if err != nil {
-			return err
-		}
-		cfg.Logger = log
-		desc = fmt.Sprintf("RabbitMQ %s, exchange %s", redactedHost(cfg.URL), cfg.Topology.Exchange.Name)
-		if t, err = amqp.New(cfg); err != nil {
-			return err
-		}
-	case transport.NATS:
-		if v := os.Getenv("FIFOBOX_NATS_TOPOLOGY"); v != "" && v != "default" {
-			return fmt.Errorf("FIFOBOX_NATS_TOPOLOGY=%s: make local runs the default topology (the demo's consumers)", v)
-		}
-		cfg, err := natsbus.ConfigFromEnv()
-		if err != nil {
-			return err
-		}
-		cfg.Logger = log
-		desc = fmt.Sprintf("NATS JetStream %s, stream %s, subjects %s.>", redactedHost(cfg.URL), cfg.Topology.Stream, cfg.Topology.SubjectPrefix)
-		if t, err = natsbus.New(cfg); err != nil {
-			return err
-		}
-	default:
-		return fmt.Errorf("%s=%s: make local knows sns, rabbitmq and nats", transport.EnvTransport, kind)
-	}
-	defer t.Close()
-	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err = t.Provisioner().Provision(pctx)
-	cancel()
-	if err != nil {
-		return fmt.Errorf("create topology on %s: %w", desc, err)
-	}
-	topo := topology.Default()
-	fmt.Fprintf(o.out, "topology: %s\n", desc)
-	for _, c := range topo.Consumers {
-		filter := c.FilterPolicy()
-		if filter == "" {
-			filter = "(all events)"
-		}
-		fmt.Fprintf(o.out, "  consumer %-20s filter %s\n", c.Name, filter)
-	}
-	if err := os.MkdirAll(filepath.Dir(o.metricsPath), 0o755); err != nil {
-		return err
-	}
-	mf, err := os.Create(o.metricsPath)
-	if err != nil {
-		return fmt.Errorf("metrics log: %w", err)
-	}
-	defer mf.Close()
-	em := metrics.New(mf, "")
-	var published atomic.Int64
-	pub := t.Publisher()
 	counting := outbox.PublisherFunc(func(ctx context.Context, msgs []outbox.Message) []error {
 		errs := pub.Publish(ctx, msgs)
 		for _, err := range errs {
@@ -244,30 +139,26 @@ func runBroker(ctx context.Context, o options, log *slog.Logger, pool *pgxpool.P
 	}
 	fmt.Fprintf(o.out, "demo: %d orders (created, paid, shipped; one transaction per step) at %d tx/s\n", o.orders, o.rate)
 	fmt.Fprintf(o.out, "functions: dispatcher handler invoked every %s (deadline %s); consumers: %s runners (inbox + read model)\n",
-		o.period, o.period+5*time.Second, kind)
+		o.period, o.period+5*time.Second, t.Kind())
 	fmt.Fprintf(o.out, "metrics: EMF lines in %s\n\n", o.metricsPath)
 	return localdemo.Run(ctx, localdemo.Config{Orders: o.orders, Rate: o.rate, SchedulePeriod: o.period, Out: o.out, Interactive: o.interactive},
 		localdemo.Deps{Pool: pool, Published: &published, Log: log, Topology: topo,
 			Dispatch: func(ctx context.Context) (dispatcher.Result, error) { return dh.Handle(ctx, nil) },
-			Runner: func(name string, applied func(envelope.Envelope)) (transport.Runner, error) {
+			Runner: func(name string, obs localdemo.Observed) (transport.Runner, error) {
 				apply := readmodel.ForConsumer(name)
-				return t.Consumer(name, pool, func(ctx context.Context, tx pgx.Tx, e envelope.Envelope) error {
+				r, err := t.Consumer(name, pool, func(ctx context.Context, tx pgx.Tx, e envelope.Envelope) error {
 					if err := apply(ctx, tx, e); err != nil {
+						obs.Failed(err)
 						return err
 					}
-					applied(e)
+					obs.Applied(e)
 					return nil
 				})
+				if err != nil {
+					return nil, fmt.Errorf("make local runs the default topology's consumers: %w", err)
+				}
+				return r, nil
 			}})
-}
-
-// redactedHost is a broker URL's scheme and host, for output without credentials.
-func redactedHost(u string) string {
-	first, _, _ := strings.Cut(u, ",")
-	if p, err := url.Parse(first); err == nil && p.Host != "" {
-		return p.Scheme + "://" + p.Host
-	}
-	return "(broker)"
 }
 
 func envOr(k, def string) string {

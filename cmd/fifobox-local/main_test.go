@@ -14,13 +14,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/nats-io/nats.go"
+	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fifobox/fifobox/internal/emulatortest"
 	"github.com/fifobox/fifobox/internal/pgtest"
 	"github.com/fifobox/fifobox/pkg/transport/amqp/amqptest"
-	natsbus "github.com/fifobox/fifobox/pkg/transport/nats"
+	"github.com/fifobox/fifobox/pkg/transport/nats"
 )
 
 // These tests run what `make local` runs, against PostgreSQL and the
@@ -37,11 +37,11 @@ func demoOptions(t *testing.T, orders, rate int) (options, *bytes.Buffer, *pgtes
 	db := pgtest.NewEmpty(t)
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
+	t.Setenv("FIFOBOX_SNS_NAME_PREFIX", "t"+hex.EncodeToString(b)+"-")
 	out := &bytes.Buffer{}
 	return options{
 		dbURL: db.URL, orders: orders, rate: rate, period: time.Second,
 		metricsPath: filepath.Join(t.TempDir(), "metrics.emf.jsonl"), out: out,
-		topologyPrefix: "t" + hex.EncodeToString(b) + "-",
 	}, out, db
 }
 
@@ -83,8 +83,8 @@ func TestLocalDemoThroughRabbitMQ(t *testing.T) {
 // make local with FIFOBOX_TRANSPORT=nats: the same demo through the
 // machine's NATS JetStream, in a stream and subject prefix of the test's own.
 func TestLocalDemoThroughNATS(t *testing.T) {
-	url := natsbus.DefaultURL
-	nc, err := nats.Connect(url, nats.Timeout(2*time.Second))
+	url := nats.DefaultURL
+	nc, err := natsgo.Connect(url, natsgo.Timeout(2*time.Second))
 	if err != nil {
 		t.Skipf("no NATS server at %s: %v", url, err)
 	}

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
+	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fifobox/fifobox/internal/pgtest"
@@ -22,7 +22,7 @@ import (
 	"github.com/fifobox/fifobox/pkg/redrive"
 	"github.com/fifobox/fifobox/pkg/transport/amqp"
 	"github.com/fifobox/fifobox/pkg/transport/amqp/amqptest"
-	natsbus "github.com/fifobox/fifobox/pkg/transport/nats"
+	"github.com/fifobox/fifobox/pkg/transport/nats"
 )
 
 // With FIFOBOX_TRANSPORT=rabbitmq, `fifobox status` reports the RabbitMQ
@@ -71,9 +71,9 @@ func TestStatusThroughRabbitMQ(t *testing.T) {
 func TestStatusThroughNATS(t *testing.T) {
 	url := os.Getenv("FIFOBOX_TEST_NATS_URL")
 	if url == "" {
-		url = natsbus.DefaultURL
+		url = nats.DefaultURL
 	}
-	nc, err := nats.Connect(url, nats.Timeout(2*time.Second))
+	nc, err := natsgo.Connect(url, natsgo.Timeout(2*time.Second))
 	if err != nil {
 		t.Skipf("no NATS server at %s: %v", url, err)
 	}
@@ -81,7 +81,7 @@ func TestStatusThroughNATS(t *testing.T) {
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
 	id := hex.EncodeToString(b)
-	topo := natsbus.Holdco()
+	topo := nats.Holdco()
 	topo.Stream = "T" + id + "_CLI"
 	topo.SubjectPrefix = "t" + id + ".cli"
 	t.Cleanup(func() {
@@ -91,7 +91,7 @@ func TestStatusThroughNATS(t *testing.T) {
 		_ = js.DeleteStream(ctx, topo.Stream)
 		_ = js.DeleteStream(ctx, topo.Stream+"_DLQ")
 	})
-	prov, err := natsbus.NewProvisioner(natsbus.Config{URL: url, Topology: topo})
+	prov, err := nats.NewProvisioner(nats.Config{URL: url, Topology: topo})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,9 +133,9 @@ func TestStatusThroughNATS(t *testing.T) {
 func TestProvisionAndConsumeThroughNATS(t *testing.T) {
 	url := os.Getenv("FIFOBOX_TEST_NATS_URL")
 	if url == "" {
-		url = natsbus.DefaultURL
+		url = nats.DefaultURL
 	}
-	nc, err := nats.Connect(url, nats.Timeout(2*time.Second))
+	nc, err := natsgo.Connect(url, natsgo.Timeout(2*time.Second))
 	if err != nil {
 		t.Skipf("no NATS server at %s: %v", url, err)
 	}
@@ -166,11 +166,11 @@ func TestProvisionAndConsumeThroughNATS(t *testing.T) {
 		}
 	}
 
-	cfg, err := natsbus.ConfigFromEnv()
+	cfg, err := nats.ConfigFromEnv()
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub, err := natsbus.NewPublisher(cfg)
+	pub, err := nats.NewPublisher(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,7 +188,7 @@ func TestProvisionAndConsumeThroughNATS(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			msgs = append(msgs, outbox.Message{EventID: e.ID, GroupID: e.AggregateID, DedupID: e.ID, AggregateType: e.AggregateType,
+			msgs = append(msgs, outbox.Message{EventID: e.ID, GroupID: e.AggregateID, AggregateType: e.AggregateType,
 				Sequence: e.Sequence, EventType: e.Type, Body: body, Attributes: e.Attributes(), Attempt: 1})
 		}
 		for i, err := range pub.Publish(ctx, msgs) {

@@ -360,7 +360,8 @@ func printStatus(a *app, s *redrive.Status) {
 	fmt.Fprintln(w, "  CONSUMER\tVISIBLE\tIN FLIGHT\tDLQ\tDLQ IN FLIGHT\tSUB DLQ\tHELD GROUPS\tHELD MSGS\t")
 	for _, q := range s.Queues {
 		if q.Error != "" {
-			fmt.Fprintf(w, "  %s\t-\t-\t-\t-\t-\t-\t-\t%s\n", q.Consumer, oneLine(q.Error, 60))
+			// Held groups come from the database: shown even without queue figures.
+			fmt.Fprintf(w, "  %s\t-\t-\t-\t-\t-\t%d\t%d\t%s\n", q.Consumer, q.HeldGroups, q.HeldMessages, oneLine(q.Error, 60))
 			continue
 		}
 		fmt.Fprintf(w, "  %s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", q.Consumer, q.Visible, q.InFlight, q.DLQ, q.DLQInFlight,

@@ -1,10 +1,12 @@
 // Command fifobox is the operator CLI: migrate, status, dead list and
 // requeue, DLQ redrive, replay, prune and the audit trail.
 //
-// Locally it talks to PostgreSQL (--database-url, FIFOBOX_DATABASE_URL) and to
-// SQS at AWS_ENDPOINT_URL (the emulator, LocalStack or Floci). Against AWS,
-// --via-lambda FUNCTION sends the same JSON command to the redrive Lambda,
-// which runs it inside the VPC next to RDS Proxy and audits it.
+// Locally it talks to PostgreSQL (--database-url, FIFOBOX_DATABASE_URL) and
+// to the transport FIFOBOX_TRANSPORT names (transport.Open): SQS at
+// AWS_ENDPOINT_URL (the emulator, LocalStack or Floci) by default, RabbitMQ
+// or NATS. Against AWS, --via-lambda FUNCTION sends the same JSON command to
+// the redrive Lambda, which runs it inside the VPC next to RDS Proxy and
+// audits it.
 package main
 
 import (
@@ -17,22 +19,23 @@ import (
 	"os"
 	"os/signal"
 	"os/user"
-	"strings"
 	"syscall"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	lambdasvc "github.com/aws/aws-sdk-go-v2/service/lambda"
-	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/fifobox/fifobox/pkg/awsclient"
 	"github.com/fifobox/fifobox/pkg/db"
 	"github.com/fifobox/fifobox/pkg/redrive"
-	"github.com/fifobox/fifobox/pkg/topology"
 	"github.com/fifobox/fifobox/pkg/transport"
-	"github.com/fifobox/fifobox/pkg/transport/amqp"
-	natsbus "github.com/fifobox/fifobox/pkg/transport/nats"
+
+	// The transports FIFOBOX_TRANSPORT can name: each registers itself
+	// with transport.Open.
+	_ "github.com/fifobox/fifobox/pkg/transport/amqp"
+	_ "github.com/fifobox/fifobox/pkg/transport/nats"
+	"github.com/fifobox/fifobox/pkg/transport/sns"
 )
 
 // DefaultDatabaseURL is the local development database.
@@ -47,9 +50,9 @@ type app struct {
 	verbose     bool
 	out, errOut io.Writer
 
-	pool    *pgxpool.Pool
-	awsCfg  *aws.Config    // loaded once per process: IAM auth and SQS share it
-	closers []func() error // broker connections, closed with the pool
+	pool   *pgxpool.Pool
+	awsCfg *aws.Config         // loaded once per process: IAM auth and the Lambda client share it
+	tr     transport.Transport // opened once per process, closed with the pool
 }
 
 // aws returns the AWS SDK configuration, loading it on first use.
@@ -83,16 +86,16 @@ func (a *app) rootCmd() *cobra.Command {
 dead events, DLQ redrive, replay to one consumer, pruning. Every change is audited
 in the redrive_audit table.
 
-Locally it uses PostgreSQL (--database-url) and SQS at AWS_ENDPOINT_URL; with
-FIFOBOX_TRANSPORT=rabbitmq, status, replay and dlq-redrive use RabbitMQ
-(FIFOBOX_AMQP_URL, FIFOBOX_AMQP_TOPOLOGY) instead of SQS; with
-FIFOBOX_TRANSPORT=nats, NATS JetStream (FIFOBOX_NATS_URL, FIFOBOX_NATS_TOPOLOGY).
+Locally it uses PostgreSQL (--database-url) and the transport FIFOBOX_TRANSPORT
+names for status, replay, dlq-redrive, provision and consume: SQS at
+AWS_ENDPOINT_URL (sns, the default), RabbitMQ (FIFOBOX_AMQP_URL,
+FIFOBOX_AMQP_TOPOLOGY) or NATS JetStream (FIFOBOX_NATS_URL, FIFOBOX_NATS_TOPOLOGY).
 Against AWS, --via-lambda FUNCTION runs the same command in the redrive Lambda.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPostRun: func(*cobra.Command, []string) {
-			for _, c := range a.closers {
-				_ = c()
+			if a.tr != nil {
+				_ = a.tr.Close()
 			}
 			if a.pool != nil {
 				a.pool.Close()
@@ -111,7 +114,7 @@ Against AWS, --via-lambda FUNCTION runs the same command in the redrive Lambda.`
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.databaseURL, "database-url", def, "PostgreSQL connection string (env FIFOBOX_DATABASE_URL)")
 	pf.StringVar(&a.viaLambda, "via-lambda", os.Getenv("FIFOBOX_REDRIVE_FUNCTION"), "run the command in this redrive Lambda function (name or ARN; env FIFOBOX_REDRIVE_FUNCTION)")
-	pf.StringVar(&a.queuesJSON, "queues", os.Getenv("FIFOBOX_QUEUES"), `consumer queues as JSON {"<consumer>":{"queue_url":"...","dlq_url":"...","subscription_dlq_url":"..."}} (env FIFOBOX_QUEUES; default: look up the default topology's queue names)`)
+	pf.StringVar(&a.queuesJSON, "queues", os.Getenv("FIFOBOX_QUEUES"), `with sns, consumer queues as JSON {"<consumer>":{"queue_url":"...","dlq_url":"...","subscription_dlq_url":"..."}} (env FIFOBOX_QUEUES; default: look up the topology's queue names)`)
 	pf.BoolVar(&a.jsonOut, "json", false, "print the result as JSON")
 	pf.StringVar(&a.actor, "actor", who+"@"+host, "who is asking, recorded in the audit trail")
 	pf.BoolVarP(&a.verbose, "verbose", "v", false, "log operation details to stderr")
@@ -179,88 +182,37 @@ func (a *app) service(ctx context.Context, op string) (*redrive.Service, error) 
 	if err != nil {
 		return nil, err
 	}
-	var sqsc *sqs.Client
-	queues := redrive.Queues{}
-	needsBroker := op == redrive.OpStatus || op == redrive.OpReplay || op == redrive.OpDLQRedrive
-	kind, err := transport.KindFromEnv()
+	cfg := redrive.Config{Logger: a.logger(), Progress: a.progress}
+	if op == redrive.OpStatus || op == redrive.OpReplay || op == redrive.OpDLQRedrive {
+		// The broker side of these goes through the transport, whichever it is.
+		t, err := a.transport(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if cfg.Operations, err = t.Operations(); err != nil {
+			return nil, err
+		}
+	}
+	return redrive.New(pool, cfg)
+}
+
+// transport opens the transport FIFOBOX_TRANSPORT names, once. --queues
+// (sns) is its FIFOBOX_QUEUES.
+func (a *app) transport(ctx context.Context) (transport.Transport, error) {
+	if a.tr != nil {
+		return a.tr, nil
+	}
+	if a.queuesJSON != os.Getenv(sns.EnvQueues) {
+		if err := os.Setenv(sns.EnvQueues, a.queuesJSON); err != nil {
+			return nil, err
+		}
+	}
+	t, err := transport.Open(ctx, transport.Options{Logger: a.logger()})
 	if err != nil {
 		return nil, err
 	}
-	// The broker side of status, replay and dlq-redrive: one case per
-	// transport (SNS/SQS below is the default).
-	switch {
-	case needsBroker && kind == transport.RabbitMQ:
-		cfg, err := amqp.ConfigFromEnv()
-		if err != nil {
-			return nil, err
-		}
-		cfg.Logger = a.logger()
-		ops, err := amqp.NewOperations(cfg)
-		if err != nil {
-			return nil, err
-		}
-		a.closers = append(a.closers, ops.Close)
-		return redrive.New(pool, nil, redrive.Config{Broker: ops, Logger: a.logger(), Progress: a.progress})
-	case needsBroker && kind == transport.NATS:
-		cfg, err := natsbus.ConfigFromEnv()
-		if err != nil {
-			return nil, err
-		}
-		cfg.Logger = a.logger()
-		ops, err := natsbus.NewOperations(cfg)
-		if err != nil {
-			return nil, err
-		}
-		a.closers = append(a.closers, ops.Close)
-		return redrive.New(pool, nil, redrive.Config{Broker: ops, Logger: a.logger(), Progress: a.progress})
-	}
-	if needsBroker {
-		awsCfg, err := a.aws(ctx)
-		if err != nil {
-			return nil, err
-		}
-		sqsc = awsclient.SQS(awsCfg)
-		if queues, err = redrive.ParseQueues(a.queuesJSON); err != nil {
-			return nil, err
-		}
-		if len(queues) == 0 {
-			queues = lookupQueues(ctx, sqsc, a.errOut, op != redrive.OpStatus)
-		}
-	}
-	return redrive.New(pool, sqsc, redrive.Config{Queues: queues, Logger: a.logger(), Progress: a.progress})
-}
-
-// lookupQueues finds the default topology's queues by name (the local demo
-// provisions them without a prefix).
-func lookupQueues(ctx context.Context, c *sqs.Client, errOut io.Writer, warn bool) redrive.Queues {
-	q := redrive.Queues{}
-	for _, cons := range topology.Default().Consumers {
-		u, err := c.GetQueueUrl(ctx, &sqs.GetQueueUrlInput{QueueName: aws.String(cons.QueueName())})
-		if err != nil {
-			if warn {
-				fmt.Fprintf(errOut, "fifobox: queue %s not found (%v); pass --queues or FIFOBOX_QUEUES\n", cons.QueueName(), shortErr(err))
-			}
-			continue
-		}
-		d, err := c.GetQueueUrl(ctx, &sqs.GetQueueUrlInput{QueueName: aws.String(cons.DLQName())})
-		if err != nil {
-			continue
-		}
-		urls := redrive.QueueURLs{QueueURL: aws.ToString(u.QueueUrl), DLQURL: aws.ToString(d.QueueUrl)}
-		if s, err := c.GetQueueUrl(ctx, &sqs.GetQueueUrlInput{QueueName: aws.String(cons.SubscriptionDLQName())}); err == nil {
-			urls.SubscriptionDLQURL = aws.ToString(s.QueueUrl)
-		}
-		q[cons.Name] = urls
-	}
-	return q
-}
-
-func shortErr(err error) string {
-	s := err.Error()
-	if i := strings.LastIndex(s, ": "); i >= 0 {
-		return s[i+2:]
-	}
-	return s
+	a.tr = t
+	return t, nil
 }
 
 // invoke sends cmd to the redrive Lambda and decodes its result.

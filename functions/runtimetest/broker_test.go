@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
+	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
@@ -26,7 +26,7 @@ import (
 	"github.com/fifobox/fifobox/pkg/lambdafn/dispatcher"
 	"github.com/fifobox/fifobox/pkg/transport/amqp"
 	"github.com/fifobox/fifobox/pkg/transport/amqp/amqptest"
-	natsbus "github.com/fifobox/fifobox/pkg/transport/nats"
+	"github.com/fifobox/fifobox/pkg/transport/nats"
 )
 
 // secretsManager stands in for AWS Secrets Manager (no emulator for it runs
@@ -236,8 +236,8 @@ func rabbitMQEvent(t *testing.T, queue, vhost string, ds []amqp091.Delivery) []b
 // configures it, publishes the outbox to the JetStream stream, in order per
 // aggregate, each event once (Nats-Msg-Id = event id).
 func TestDispatcherBinaryThroughNATS(t *testing.T) {
-	url := natsbus.DefaultURL
-	nc, err := nats.Connect(url, nats.Timeout(2*time.Second))
+	url := nats.DefaultURL
+	nc, err := natsgo.Connect(url, natsgo.Timeout(2*time.Second))
 	if err != nil {
 		t.Skipf("no NATS server at %s (scripts/ensure-nats.sh starts one): %v", url, err)
 	}
@@ -251,12 +251,12 @@ func TestDispatcherBinaryThroughNATS(t *testing.T) {
 	_, _ = rand.Read(b)
 	id := hex.EncodeToString(b)
 	stream, prefix := "T"+id+"_FIFOBOX", "t"+id+".fifobox"
-	topo, err := natsbus.LoadTopology("default")
+	topo, err := nats.LoadTopology("default")
 	if err != nil {
 		t.Fatal(err)
 	}
 	topo.Stream, topo.DeadLetterStream, topo.SubjectPrefix = stream, "", prefix
-	prov, err := natsbus.NewProvisioner(natsbus.Config{URL: url, Topology: topo, Logger: slog.New(slog.DiscardHandler)})
+	prov, err := nats.NewProvisioner(nats.Config{URL: url, Topology: topo, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

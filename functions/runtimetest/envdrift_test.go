@@ -14,13 +14,13 @@ import (
 	"testing"
 
 	"github.com/fifobox/fifobox/pkg/envspec"
-	"github.com/fifobox/fifobox/pkg/redrive"
+	"github.com/fifobox/fifobox/pkg/transport/sns"
 )
 
 // jsonVars are variables holding JSON, by the type that decodes them: every
 // key the template writes must be a field that type reads.
 var jsonVars = map[string]func() any{
-	"FIFOBOX_QUEUES": func() any { return &redrive.Queues{} },
+	"FIFOBOX_QUEUES": func() any { return &sns.Queues{} },
 }
 
 // pendingKeys are JSON keys the CDK app already writes for a reader that is

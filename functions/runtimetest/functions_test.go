@@ -1,14 +1,18 @@
 package runtimetest
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fifobox/fifobox/pkg/awsclient"
 	"github.com/fifobox/fifobox/pkg/db"
@@ -18,7 +22,8 @@ import (
 	"github.com/fifobox/fifobox/pkg/lambdafn/dispatcher"
 	lambdaredrive "github.com/fifobox/fifobox/pkg/lambdafn/redrive"
 	"github.com/fifobox/fifobox/pkg/metrics"
-	"github.com/fifobox/fifobox/pkg/redrive"
+	"github.com/fifobox/fifobox/pkg/readmodel"
+	"github.com/fifobox/fifobox/pkg/transport"
 )
 
 // function is what one functions/<name>/main.go reads at init: the
@@ -33,47 +38,69 @@ type function struct {
 
 var functionSpecs = map[string]function{
 	"dispatcher": {
-		env: envspec.Join(dispatcher.Env, db.Env, awsclient.Env, metrics.Env, lambdafn.Env, lambdafn.BrokerEnv),
+		env: envspec.Join(dispatcher.Env, db.Env, awsclient.Env, metrics.Env, lambdafn.Env, transport.RegisteredEnv()),
 		load: func() error {
 			if _, err := dispatcher.ConfigFromEnv(); err != nil {
 				return err
 			}
-			if _, err := lambdafn.BrokerFromEnv(); err != nil {
+			t, err := openTransport()
+			if err != nil {
 				return err
 			}
-			_, err := db.FromEnv()
+			if _, err := t.Publisher(); err != nil {
+				return err
+			}
+			_, err = db.FromEnv()
 			return err
 		},
 	},
 	"consumer": {
-		env: envspec.Join(consumer.Env, db.Env, awsclient.Env, metrics.Env, lambdafn.Env, lambdafn.BrokerEnv),
+		env: envspec.Join(consumer.Env, db.Env, awsclient.Env, metrics.Env, lambdafn.Env, transport.RegisteredEnv()),
 		load: func() error {
-			if _, err := consumer.ConfigFromEnv(); err != nil {
+			cfg, err := consumer.ConfigFromEnv()
+			if err != nil {
 				return err
 			}
-			if _, err := lambdafn.BrokerFromEnv(); err != nil {
+			t, err := openTransport()
+			if err != nil {
 				return err
 			}
-			_, err := db.FromEnv()
+			if _, err := consumer.New(t, new(pgxpool.Pool), readmodel.ForConsumer(cfg.Consumer), nil, cfg); err != nil {
+				return err
+			}
+			_, err = db.FromEnv()
 			return err
 		},
 	},
 	"redrive": {
-		env: envspec.Join(lambdaredrive.Env, db.Env, awsclient.Env, lambdafn.Env, lambdafn.BrokerEnv),
+		env: envspec.Join(lambdaredrive.Env, db.Env, awsclient.Env, lambdafn.Env, transport.RegisteredEnv()),
 		load: func() error {
 			if _, err := lambdaredrive.ConfigFromEnv(); err != nil {
 				return err
 			}
-			if _, err := redrive.ParseQueues(lambdaredrive.Env.Get("FIFOBOX_QUEUES")); err != nil {
+			t, err := openTransport()
+			if err != nil {
 				return err
 			}
-			if _, err := lambdafn.BrokerFromEnv(); err != nil {
+			if _, err := t.Operations(); err != nil {
 				return err
 			}
-			_, err := db.FromEnv()
+			if _, err := t.Provisioner(); err != nil {
+				return err
+			}
+			_, err = db.FromEnv()
 			return err
 		},
 	},
+}
+
+// openTransport is lambdafn.OpenTransport with a stand-in for Secrets
+// Manager: it opens what the environment names without connecting.
+func openTransport() (transport.Transport, error) {
+	return transport.Open(context.Background(), transport.Options{Logger: slog.New(slog.DiscardHandler),
+		Secret: func(context.Context, string) (string, error) {
+			return `{"username":"fifobox","password":"secret"}`, nil
+		}})
 }
 
 // repoRoot is the directory holding the application module's go.mod.

@@ -28,13 +28,13 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/credentials"
-	"github.com/aws/aws-sdk-go-v2/service/sns"
+	snssvc "github.com/aws/aws-sdk-go-v2/service/sns"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/fifobox/fifobox/internal/containers"
 	"github.com/fifobox/fifobox/pkg/awsclient"
 	"github.com/fifobox/fifobox/pkg/topology"
-	"github.com/fifobox/fifobox/pkg/topology/provision"
+	"github.com/fifobox/fifobox/pkg/transport/sns"
 )
 
 var (
@@ -125,9 +125,9 @@ func Config(tb testing.TB, endpoint string) aws.Config {
 // Env is a test's own provisioned topology on the emulator.
 type Env struct {
 	Endpoint string
-	SNS      *sns.Client
+	SNS      *snssvc.Client
 	SQS      *sqs.Client
-	provision.Resources
+	sns.Resources
 }
 
 // New provisions topology t under a unique prefix. visibility overrides the
@@ -146,7 +146,7 @@ func NewAt(tb testing.TB, ep string, t topology.Topology, visibility int) *Env {
 	_, _ = rand.Read(b)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	res, err := provision.Provision(ctx, e.SNS, e.SQS, t, provision.Options{Prefix: "t" + hex.EncodeToString(b) + "-", VisibilityTimeoutSeconds: visibility})
+	res, err := sns.Provision(ctx, e.SNS, e.SQS, t, sns.ProvisionOptions{Prefix: "t" + hex.EncodeToString(b) + "-", VisibilityTimeoutSeconds: visibility})
 	if err != nil {
 		tb.Fatalf("emulatortest: provision: %v", err)
 	}
@@ -161,7 +161,7 @@ func NewAt(tb testing.TB, ep string, t topology.Topology, visibility int) *Env {
 				_, _ = e.SQS.DeleteQueue(ctx, &sqs.DeleteQueueInput{QueueUrl: aws.String(u)})
 			}
 		}
-		_, _ = e.SNS.DeleteTopic(ctx, &sns.DeleteTopicInput{TopicArn: aws.String(res.TopicARN)})
+		_, _ = e.SNS.DeleteTopic(ctx, &snssvc.DeleteTopicInput{TopicArn: aws.String(res.TopicARN)})
 	})
 	return e
 }

@@ -2,15 +2,12 @@
 // real function handlers: a demo producer writes orders and their events in
 // one transaction each; a local scheduler invokes the dispatcher Lambda's
 // handler the way EventBridge Scheduler does (overlapping invocations with
-// deadlines); a local event-source runner per SQS FIFO queue hands batches to
-// the consumer Lambda's handler (inbox + read model) and deletes what it did
-// not report as failed. An observer around each consumer handler checks that
-// every aggregate's events arrive in order. It prints a live progress line
-// and a summary.
-//
-// With another transport (RabbitMQ, NATS JetStream: Deps.Runner) the same
-// demo runs through that broker's publisher and consumer runners instead of
-// SNS/SQS and the Lambda consumer handler.
+// deadlines); each consumer runs as the transport's runner (for SNS/SQS, a
+// local event-source runner per SQS FIFO queue feeding the consumer
+// Lambda's handler) applying the read model through the inbox. An observer
+// around each consumer's side effect checks that every aggregate's events
+// arrive in order. It prints a live progress line and a summary. It knows
+// no transport: Deps.Runner and Deps.Dispatch are the transport's.
 package localdemo
 
 import (
@@ -27,17 +24,13 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/aws/aws-lambda-go/events"
-	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fifobox/fifobox/pkg/envelope"
-	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/lambdafn/dispatcher"
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/topology"
-	"github.com/fifobox/fifobox/pkg/topology/provision"
 	"github.com/fifobox/fifobox/pkg/transport"
 )
 
@@ -62,37 +55,33 @@ type Config struct {
 
 // Deps are the running pieces the demo drives.
 type Deps struct {
-	Pool      *pgxpool.Pool
-	SQS       *sqs.Client
-	Resources provision.Resources
+	Pool *pgxpool.Pool
 	// Dispatch is the dispatcher Lambda's handler.
 	Dispatch func(ctx context.Context) (dispatcher.Result, error)
 	// Published counts events the dispatcher's publisher got acknowledged.
 	Published *atomic.Int64
-	// Consumers are the consumer Lambda handlers, by consumer name.
-	Consumers map[string]inbox.BatchFunc
 	Log       *slog.Logger
 
-	// Runner, when set, consumes through another transport instead of SQS
-	// (SQS, Resources and Consumers are then unused): it returns the named
-	// consumer's runner, whose side effect calls applied(e) once e's side
-	// effect succeeded. Topology names the consumers and what each selects.
-	Runner   func(consumer string, applied func(envelope.Envelope)) (transport.Runner, error)
+	// Runner returns the named consumer's runner (the transport's
+	// Consumer) applying the side effect apply, which the demo wraps to
+	// observe each event's order.
+	Runner func(consumer string, apply Observed) (transport.Runner, error)
+	// Topology names the consumers and what each selects.
 	Topology topology.Topology
 }
 
-// consumers returns each consumer by name, from the SQS resources or, for
-// another transport, the topology.
+// Observed is a consumer's side effect as the demo wraps it: applied(e)
+// runs after e's side effect succeeded, failed(err) after it failed.
+type Observed struct {
+	Applied func(envelope.Envelope)
+	Failed  func(error)
+}
+
+// consumers returns each consumer by name.
 func (d Deps) consumers() map[string]topology.Consumer {
 	out := map[string]topology.Consumer{}
-	if d.Runner != nil {
-		for _, c := range d.Topology.Consumers {
-			out[c.Name] = c
-		}
-		return out
-	}
-	for n, q := range d.Resources.Queues {
-		out[n] = q.Consumer
+	for _, c := range d.Topology.Consumers {
+		out[c.Name] = c
 	}
 	return out
 }
@@ -166,8 +155,7 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	}
 	runID := fmt.Sprintf("%x", rand.Uint32())
 
-	// Event-source runners, one per consumer queue, each feeding the
-	// consumer handler through an order observer.
+	// One runner per consumer, each applying through an order observer.
 	consumers := d.consumers()
 	names := make([]string, 0, len(consumers))
 	for n := range consumers {
@@ -183,26 +171,17 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 		st := &queueStats{last: map[string]int64{}, seen: map[string]bool{}}
 		stats[n] = st
 		expected[n] = &atomic.Int64{}
-		if d.Runner != nil {
-			r, err := d.Runner(n, func(e envelope.Envelope) {
+		r, err := d.Runner(n, Observed{
+			Applied: func(e envelope.Envelope) {
 				st.mu.Lock()
 				defer st.mu.Unlock()
 				st.record(runID, e)
-			})
-			if err != nil {
-				return fmt.Errorf("consumer %s: %w", n, err)
-			}
-			rwg.Add(1)
-			go func() { defer rwg.Done(); _ = r.Run(rctx) }()
-			continue
+			},
+			Failed: func(error) { st.failed.Add(1) },
+		})
+		if err != nil {
+			return fmt.Errorf("consumer %s: %w", n, err)
 		}
-		h, ok := d.Consumers[n]
-		if !ok {
-			return fmt.Errorf("no consumer handler for queue %s", n)
-		}
-		q := d.Resources.Queues[n]
-		r := &inbox.Runner{SQS: d.SQS, QueueURL: q.URL, QueueARN: q.ARN, Handler: observe(h, runID, st),
-			RetryDelay: time.Second, Logger: d.Log}
 		rwg.Add(1)
 		go func() { defer rwg.Done(); _ = r.Run(rctx) }()
 	}
@@ -337,36 +316,6 @@ func Schedule(ctx context.Context, period, timeout time.Duration, invoke func(co
 			return
 		case <-t.C:
 		}
-	}
-}
-
-// observe wraps a consumer handler: records it did not report as failed
-// count as received, and each aggregate's sequence must only grow.
-func observe(h inbox.BatchFunc, runID string, st *queueStats) inbox.BatchFunc {
-	return func(ctx context.Context, ev events.SQSEvent) (events.SQSEventResponse, error) {
-		resp, err := h(ctx, ev)
-		if err != nil {
-			st.failed.Add(int64(len(ev.Records)))
-			return resp, err
-		}
-		failed := map[string]bool{}
-		for _, f := range resp.BatchItemFailures {
-			failed[f.ItemIdentifier] = true
-		}
-		st.failed.Add(int64(len(failed)))
-		st.mu.Lock()
-		defer st.mu.Unlock()
-		for _, r := range ev.Records {
-			if failed[r.MessageId] {
-				continue
-			}
-			e, err := envelope.Decode([]byte(r.Body))
-			if err != nil {
-				continue
-			}
-			st.record(runID, e)
-		}
-		return resp, nil
 	}
 }
 

@@ -18,7 +18,7 @@ import (
 	"github.com/fifobox/fifobox/internal/pgtest"
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
-	natsbus "github.com/fifobox/fifobox/pkg/transport/nats"
+	fifonats "github.com/fifobox/fifobox/pkg/transport/nats"
 	"github.com/fifobox/fifobox/pkg/wire"
 )
 
@@ -103,8 +103,8 @@ func TestCorebillingConsumerUnchanged(t *testing.T) {
 	ctx := context.Background()
 	prof := load(t, "corebilling")
 	m := mapper(t, prof, wire.TransportNATS)
-	cfg := natsbus.Config{URL: url, Topology: natsbus.Holdco(), Wire: m, Logger: quiet}
-	prov, err := natsbus.NewProfileProvisioner(cfg)
+	cfg := fifonats.Config{URL: url, Topology: fifonats.Holdco(), Wire: m, Logger: quiet}
+	prov, err := fifonats.NewProfileProvisioner(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +186,7 @@ func TestCorebillingConsumerUnchanged(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	pub, err := natsbus.NewPublisher(cfg)
+	pub, err := fifonats.NewPublisher(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

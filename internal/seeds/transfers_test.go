@@ -17,7 +17,7 @@ import (
 	"github.com/fifobox/fifobox/internal/pgtest"
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
-	"github.com/fifobox/fifobox/pkg/outbox/snspub"
+	"github.com/fifobox/fifobox/pkg/transport/sns"
 	"github.com/fifobox/fifobox/pkg/wire"
 )
 
@@ -74,7 +74,7 @@ func TestTransfersConsumerMockUnchanged(t *testing.T) {
 	failing := start(t, dir, append(awsEnv, "QUEUE_URL="+env.Queues["ledger-postings"].URL, "FAIL_EVENT_IDS="+doomed.id), true,
 		py, "-u", "run.py", "failing_consumer.py")
 
-	pub, err := snspub.New(env.SNS, snspub.Config{TopicARN: env.TopicARN, Wire: mapper(t, prof, wire.TransportSNS)})
+	pub, err := sns.NewPublisher(env.SNS, sns.PublisherConfig{TopicARN: env.TopicARN, Wire: mapper(t, prof, wire.TransportSNS)})
 	if err != nil {
 		t.Fatal(err)
 	}

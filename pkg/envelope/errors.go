@@ -49,3 +49,28 @@ func IsValidation(err error) bool {
 	var ve *ValidationError
 	return errors.As(err, &ve)
 }
+
+// PermanentError marks a failure to handle an event that no retry can fix,
+// on either side of the broker: a publish the broker rejects for good
+// (invalid parameter, message too large; the dispatcher marks the event dead
+// at once), or a side effect that can never succeed (the consumer sends the
+// message to its dead-letter queue at once instead of retrying). Any other
+// error is retried.
+type PermanentError struct{ Err error }
+
+func (e *PermanentError) Error() string { return "permanent: " + e.Err.Error() }
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+// Permanent wraps err as a PermanentError (nil stays nil).
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &PermanentError{Err: err}
+}
+
+// IsPermanent reports whether err is, or wraps, a PermanentError.
+func IsPermanent(err error) bool {
+	var p *PermanentError
+	return errors.As(err, &p)
+}

@@ -40,7 +40,7 @@ func NewBatch(db DB, consumer string) (*Batch, error) {
 // (Duplicate), runs fn in the batch's transaction, as Process does. If the
 // claim or fn fails, e's claim and fn's writes are rolled back to e's
 // savepoint, the events applied before it in the batch stay, and the error
-// is returned unchanged (use Permanent for errors no retry can fix); a
+// is returned unchanged (use envelope.Permanent for errors no retry can fix); a
 // panic in fn is such an error, not a crash. Once
 // the transaction itself is unusable every later Apply fails.
 func (b *Batch) Apply(ctx context.Context, e envelope.Envelope, fn SideEffect) (Outcome, error) {

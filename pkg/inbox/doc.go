@@ -1,10 +1,12 @@
 // Package inbox makes consumers apply each event's side effect exactly once,
-// and handles SQS FIFO batches the way Lambda's event source expects.
+// whatever the transport delivered it; it imports no broker or AWS package.
 //
 // Process claims (consumer, event id) in the inbox table and runs the side
-// effect in the same transaction: a duplicate delivery (SQS redelivery,
-// redrive, replay) finds the claim and commits nothing; a failure rolls back
-// both. Handler turns an events.SQSEvent into an events.SQSEventResponse with
-// FIFO-correct partial batch failures, and Runner is a local stand-in for the
-// Lambda SQS event source.
+// effect in the same transaction: a duplicate delivery (redelivery, redrive,
+// replay) finds the claim and commits nothing; a failure rolls back both.
+// Batch applies several events in one transaction, a savepoint each.
+// BatchHandler applies a delivered batch of a FIFO queue's records in
+// order, with FIFO-correct partial failures and, in strict order, the
+// durable holds of table inbox_held; pkg/transport/sns is it over SQS
+// records (the consumer Lambda's handler and its local runner).
 package inbox

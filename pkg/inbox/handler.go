@@ -7,15 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sort"
 	"strconv"
-	"strings"
 	"time"
 
-	"github.com/aws/aws-lambda-go/events"
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/sqs"
-	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -23,13 +17,29 @@ import (
 )
 
 // Apply is a consumer's side effect for one event, run inside the inbox
-// transaction. Return Permanent(err) for failures no retry can fix.
+// transaction. Return envelope.Permanent(err) for failures no retry can fix.
 type Apply func(ctx context.Context, tx pgx.Tx, e envelope.Envelope) error
 
-// DLQSender sends a message to the dead-letter queue; *sqs.Client satisfies it.
-type DLQSender interface {
-	SendMessage(ctx context.Context, in *sqs.SendMessageInput, optFns ...func(*sqs.Options)) (*sqs.SendMessageOutput, error)
+// Record is one delivered message as BatchHandler sees it, whatever the
+// transport delivered it: the transport turns its own message into a Record
+// and settles it by the outcome (pkg/transport/sns for SQS FIFO).
+type Record struct {
+	// ID is the transport's message id, reported back when the record
+	// failed. Required.
+	ID string
+	// Group is the message group: the aggregate id.
+	Group string
+	// Body is the message body, an encoded envelope.
+	Body []byte
+	// ReceiveCount is how often the message was delivered, this time
+	// included (SQS ApproximateReceiveCount); 0 if unknown.
+	ReceiveCount int
 }
+
+// DeadLetterFunc sends r to the dead-letter queue with its failure class
+// and reason (never the payload). It must be idempotent per record id: a
+// batch whose commit failed is delivered again and may send r again.
+type DeadLetterFunc func(ctx context.Context, r Record, class, reason string) error
 
 // Failure classes, as reported in BatchMetrics and DLQ attributes.
 const (
@@ -40,14 +50,6 @@ const (
 	ClassHeld      = "held"      // strict order: an earlier message of its group is dead-lettered; DLQ behind it
 	ClassBlocked   = "blocked"   // not attempted: an earlier message of its group failed
 	ClassDeadline  = "deadline"  // not attempted: too close to the invocation's deadline
-)
-
-// DLQ message attribute names set when a message is dead-lettered directly.
-const (
-	AttrErrorClass  = "fifobox_error_class"
-	AttrErrorReason = "fifobox_error_reason"
-	AttrConsumer    = "fifobox_consumer"
-	AttrSourceQueue = "fifobox_source_queue"
 )
 
 // Order says what a consumer does with an aggregate's later events while
@@ -101,14 +103,10 @@ type BatchMetrics struct {
 	MaxLag time.Duration
 }
 
-// HandlerConfig configures a Handler.
-type HandlerConfig struct {
+// BatchHandlerConfig configures a BatchHandler.
+type BatchHandlerConfig struct {
 	// Consumer is the inbox key, e.g. "orders-projection". Required.
 	Consumer string
-	// DLQURL is the queue's dead-letter queue for permanent and invalid
-	// messages. Required: without it such messages would be retried until
-	// maxReceiveCount moves them anyway.
-	DLQURL string
 	// Order: OrderStrict (default) or OrderRelaxed; see Order.
 	Order Order
 	// MaxReceiveCount is the queue's maxReceiveCount. A record failing on
@@ -134,28 +132,25 @@ type HandlerConfig struct {
 	OnBatch func(BatchMetrics)
 }
 
-// Handler is the SQS FIFO batch handler for a consumer Lambda.
-type Handler struct {
+// BatchHandler applies a delivered batch of a FIFO queue's messages the way
+// Lambda's SQS FIFO event source needs them (see Handle); the SQS handler
+// (pkg/transport/sns) is this over SQS records and an SQS dead-letter queue.
+type BatchHandler struct {
 	db    DB
-	dlq   DLQSender
 	apply Apply
-	cfg   HandlerConfig
+	cfg   BatchHandlerConfig
 	log   *slog.Logger
 }
 
-// NewHandler returns a Handler applying events with apply.
-func NewHandler(db DB, dlq DLQSender, apply Apply, cfg HandlerConfig) (*Handler, error) {
+// NewBatchHandler returns a BatchHandler applying events with apply.
+func NewBatchHandler(db DB, apply Apply, cfg BatchHandlerConfig) (*BatchHandler, error) {
 	switch {
 	case db == nil:
 		return nil, errors.New("new inbox handler: db is nil")
-	case dlq == nil:
-		return nil, errors.New("new inbox handler: dlq sender is nil")
 	case apply == nil:
 		return nil, errors.New("new inbox handler: apply is nil")
 	case cfg.Consumer == "":
 		return nil, errors.New("new inbox handler: Consumer is required")
-	case cfg.DLQURL == "":
-		return nil, errors.New("new inbox handler: DLQURL is required")
 	case cfg.Order != OrderStrict && cfg.Order != OrderRelaxed:
 		return nil, fmt.Errorf("new inbox handler: Order %d: want OrderStrict or OrderRelaxed", cfg.Order)
 	case cfg.MaxReceiveCount < 0:
@@ -169,27 +164,27 @@ func NewHandler(db DB, dlq DLQSender, apply Apply, cfg HandlerConfig) (*Handler,
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Handler{db: db, dlq: dlq, apply: apply, cfg: cfg, log: cfg.Logger}, nil
+	return &BatchHandler{db: db, apply: apply, cfg: cfg, log: cfg.Logger}, nil
 }
 
 // msg is one record of a batch, decoded.
 type msg struct {
-	events.SQSMessage
+	Record
 	group  string
 	e      envelope.Envelope
 	badErr error  // why the body is not a valid envelope; nil if it is
 	key    string // event id, or sha256 of an invalid body
 }
 
-func decodeRecords(recs []events.SQSMessage) []msg {
+func decodeRecords(recs []Record) []msg {
 	out := make([]msg, len(recs))
 	for i, r := range recs {
-		m := msg{SQSMessage: r, group: r.Attributes["MessageGroupId"]}
-		m.e, m.badErr = envelope.Decode([]byte(r.Body))
+		m := msg{Record: r, group: r.Group}
+		m.e, m.badErr = envelope.Decode(r.Body)
 		if m.badErr == nil {
 			m.key = m.e.ID
 		} else {
-			sum := sha256.Sum256([]byte(r.Body))
+			sum := sha256.Sum256(r.Body)
 			m.key = "sha256:" + hex.EncodeToString(sum[:])
 		}
 		out[i] = m
@@ -198,17 +193,16 @@ func decodeRecords(recs []events.SQSMessage) []msg {
 }
 
 // lastReceive reports whether SQS will move r to the DLQ if this attempt fails.
-func (h *Handler) lastReceive(r msg) bool {
+func (h *BatchHandler) lastReceive(r msg) bool {
 	if h.cfg.MaxReceiveCount <= 0 {
 		return false
 	}
-	n, err := strconv.Atoi(r.Attributes["ApproximateReceiveCount"])
-	return err == nil && n >= h.cfg.MaxReceiveCount
+	return r.ReceiveCount >= h.cfg.MaxReceiveCount
 }
 
 // logAttrs are the attributes naming a record in log lines.
-func (h *Handler) logAttrs(r msg, more ...any) []any {
-	a := []any{"consumer", h.cfg.Consumer, "message_id", r.MessageId}
+func (h *BatchHandler) logAttrs(r msg, more ...any) []any {
+	a := []any{"consumer", h.cfg.Consumer, "message_id", r.ID}
 	if r.badErr == nil {
 		a = append(a, "event_id", r.e.ID, "sequence", r.e.Sequence)
 	}
@@ -218,15 +212,16 @@ func (h *Handler) logAttrs(r msg, more ...any) []any {
 	return append(a, more...)
 }
 
-// Handle processes a batch in order and reports partial failures the way
-// Lambda's SQS FIFO event source needs them: once a record fails, it and
+// Handle processes a batch in order and returns the ids of the records
+// that failed, in order, the way Lambda's SQS FIFO event source needs its
+// partial batch failures: once a record fails, it and
 // every later record of the same message group are reported failed without
 // being run, so the group keeps its order; other groups continue. Permanent
 // and invalid records, and records failing on their last receive, go to the
-// DLQ at once (with the reason) and count as done. A panic in the side
-// effect fails that record instead of the batch. The returned error is
-// non-nil only if a record has no message id to report (then Lambda retries
-// the whole batch, which the inbox makes safe).
+// DLQ at once through dead (with the reason) and count as done. A panic in
+// the side effect fails that record instead of the batch. The returned error
+// is non-nil only if a record has no id to report (then the whole batch is
+// delivered again, which the inbox makes safe).
 //
 // In strict order (the default) a dead-lettered record holds its group for
 // this consumer: the group's later records go to the DLQ behind it (class
@@ -244,21 +239,21 @@ func (h *Handler) logAttrs(r msg, more ...any) []any {
 // nothing of the batch was applied or held and every record is reported
 // failed, to be delivered again. Near the deadline (DeadlineMargin) the
 // handler starts no more records and reports them failed.
-func (h *Handler) Handle(ctx context.Context, ev events.SQSEvent) (events.SQSEventResponse, error) {
-	m := BatchMetrics{Consumer: h.cfg.Consumer, Records: len(ev.Records), Failures: map[string]int{}}
-	var resp events.SQSEventResponse
-	for _, r := range ev.Records {
-		if r.MessageId == "" {
-			return events.SQSEventResponse{}, errors.New("inbox: SQS record without a message id; failing the whole batch")
+func (h *BatchHandler) Handle(ctx context.Context, batch []Record, dead DeadLetterFunc) ([]string, error) {
+	m := BatchMetrics{Consumer: h.cfg.Consumer, Records: len(batch), Failures: map[string]int{}}
+	var resp []string
+	for _, r := range batch {
+		if r.ID == "" {
+			return nil, errors.New("inbox: record without a message id; failing the whole batch")
 		}
 	}
 	failed := map[string]bool{}
 	fail := func(r msg, class string) {
-		resp.BatchItemFailures = append(resp.BatchItemFailures, events.SQSBatchItemFailure{ItemIdentifier: r.MessageId})
-		failed[r.MessageId] = true
+		resp = append(resp, r.ID)
+		failed[r.ID] = true
 		m.Failures[class]++
 	}
-	recs := decodeRecords(ev.Records)
+	recs := decodeRecords(batch)
 	// Strict order reads the batch's holds before the first record runs.
 	// Usually (no record on its last receive, a valid first record) the
 	// read rides in the first record's round trip (see claimReadingHolds);
@@ -337,7 +332,7 @@ func (h *Handler) Handle(ctx context.Context, ev events.SQSEvent) (events.SQSEve
 		}
 		if !done {
 			if head, held := holds.blocked(r.group, r.key); held {
-				if err := h.hold(ctx, &b, r, head); err != nil {
+				if err := h.hold(ctx, &b, r, head, dead); err != nil {
 					failedGroups[r.group] = true
 					fail(r, ClassTransient)
 					h.log.Warn("inbox: holding record failed; will retry", h.logAttrs(r, "error", err.Error())...)
@@ -365,7 +360,7 @@ func (h *Handler) Handle(ctx context.Context, ev events.SQSEvent) (events.SQSEve
 			class = ClassExhausted
 		}
 		if class == ClassPermanent || class == ClassInvalid || class == ClassExhausted {
-			if dlqErr := h.deadLetter(ctx, &b, r, class, err, holds); dlqErr == nil {
+			if dlqErr := h.deadLetter(ctx, &b, r, class, err, holds, dead); dlqErr == nil {
 				m.Failures[class]++
 				continue
 			} else {
@@ -374,7 +369,7 @@ func (h *Handler) Handle(ctx context.Context, ev events.SQSEvent) (events.SQSEve
 		}
 		failedGroups[r.group] = true
 		fail(r, ClassTransient)
-		h.log.Warn("inbox: record failed", h.logAttrs(r, "class", class, "receive_count", r.Attributes["ApproximateReceiveCount"], "error", err.Error())...)
+		h.log.Warn("inbox: record failed", h.logAttrs(r, "class", class, "receive_count", r.ReceiveCount, "error", err.Error())...)
 	}
 	if err := b.commit(ctx); err != nil {
 		// Nothing of this batch was applied or held: every record goes back.
@@ -382,7 +377,7 @@ func (h *Handler) Handle(ctx context.Context, ev events.SQSEvent) (events.SQSEve
 			"records", len(recs), "error", err.Error())
 		m.Processed, m.Duplicates = 0, 0
 		for _, r := range recs {
-			if !failed[r.MessageId] {
+			if !failed[r.ID] {
 				fail(r, ClassTransient)
 			}
 		}
@@ -391,7 +386,7 @@ func (h *Handler) Handle(ctx context.Context, ev events.SQSEvent) (events.SQSEve
 	return resp, nil
 }
 
-func (h *Handler) finish(m BatchMetrics) {
+func (h *BatchHandler) finish(m BatchMetrics) {
 	if h.cfg.OnBatch != nil {
 		h.cfg.OnBatch(m)
 	}
@@ -401,7 +396,7 @@ func (h *Handler) finish(m BatchMetrics) {
 // own savepoint; it returns whether it was a duplicate, or the failure class
 // and error. release deletes the record's inbox_held row with it (the record
 // is its held group's first).
-func (h *Handler) record(ctx context.Context, b *batchTx, r msg, release bool) (class string, dup bool, err error) {
+func (h *BatchHandler) record(ctx context.Context, b *batchTx, r msg, release bool) (class string, dup bool, err error) {
 	if r.badErr != nil {
 		return ClassInvalid, false, r.badErr
 	}
@@ -423,7 +418,7 @@ func (h *Handler) record(ctx context.Context, b *batchTx, r msg, release bool) (
 // more).
 // The claim is speculative: if r's own group turns out to be held the
 // caller rolls it back (batchTx.undo) before anything else runs.
-func (h *Handler) claimReadingHolds(ctx context.Context, b *batchTx, r msg, p holdPlan) (*holdSet, bool, error) {
+func (h *BatchHandler) claimReadingHolds(ctx context.Context, b *batchTx, r msg, p holdPlan) (*holdSet, bool, error) {
 	if err := b.begin(ctx, h.db); err != nil {
 		return nil, false, err
 	}
@@ -455,7 +450,7 @@ func (h *Handler) claimReadingHolds(ctx context.Context, b *batchTx, r msg, p ho
 // applyClaimed runs r's side effect after its claim (claimed false: the
 // event was applied before, nothing runs) and releases its held row if
 // release; see record. ctx carries r's trace (ContextWithTrace).
-func (h *Handler) applyClaimed(ctx context.Context, b *batchTx, r msg, release, claimed bool) (class string, dup bool, err error) {
+func (h *BatchHandler) applyClaimed(ctx context.Context, b *batchTx, r msg, release, claimed bool) (class string, dup bool, err error) {
 	if claimed {
 		err = b.effect(ctx, func(ctx context.Context, tx pgx.Tx) error { return h.apply(ctx, tx, r.e) })
 	}
@@ -466,7 +461,7 @@ func (h *Handler) applyClaimed(ctx context.Context, b *batchTx, r msg, release, 
 	}
 	if err != nil {
 		b.undo(ctx) // the claim rolls back with the side effect
-		if IsPermanent(err) {
+		if envelope.IsPermanent(err) {
 			return ClassPermanent, false, err
 		}
 		return ClassTransient, false, err
@@ -634,7 +629,7 @@ func (b *batchTx) rollback(ctx context.Context) {
 // strict order it first lists r as its group's hold (or keeps it, if r is
 // the group's first row already), in the batch transaction under r's
 // savepoint, so the hold and the acknowledgement commit together.
-func (h *Handler) deadLetter(ctx context.Context, b *batchTx, r msg, class string, cause error, holds *holdSet) error {
+func (h *BatchHandler) deadLetter(ctx context.Context, b *batchTx, r msg, class string, cause error, holds *holdSet, dead DeadLetterFunc) error {
 	if holds != nil {
 		if err := b.begin(ctx, h.db); err != nil {
 			return err
@@ -648,7 +643,7 @@ func (h *Handler) deadLetter(ctx context.Context, b *batchTx, r msg, class strin
 	if len(reason) > 1000 {
 		reason = reason[:1000]
 	}
-	if err := h.send(ctx, r, class, reason); err != nil {
+	if err := dead(ctx, r.Record, class, reason); err != nil {
 		return err
 	}
 	h.log.Error("inbox: message sent to DLQ", h.logAttrs(r, "class", class, "reason", reason, "order", h.cfg.Order.String())...)
@@ -657,7 +652,7 @@ func (h *Handler) deadLetter(ctx context.Context, b *batchTx, r msg, class strin
 
 // hold lists r behind its group's first held row and sends it to the DLQ
 // with a reason naming the event it waits for.
-func (h *Handler) hold(ctx context.Context, b *batchTx, r msg, head heldRow) error {
+func (h *BatchHandler) hold(ctx context.Context, b *batchTx, r msg, head heldRow, dead DeadLetterFunc) error {
 	if err := b.begin(ctx, h.db); err != nil {
 		return err
 	}
@@ -669,61 +664,9 @@ func (h *Handler) hold(ctx context.Context, b *batchTx, r msg, head heldRow) err
 		waits = fmt.Sprintf("event %s (sequence %d)", head.eventID, head.seq)
 	}
 	reason := fmt.Sprintf("held: waits for %s, which this consumer dead-lettered (%s); redrive the DLQ to apply the group in order", waits, head.class)
-	if err := h.send(ctx, r, ClassHeld, reason); err != nil {
+	if err := dead(ctx, r.Record, ClassHeld, reason); err != nil {
 		return err
 	}
 	h.log.Info("inbox: message held behind a dead-lettered one", h.logAttrs(r, "waits_for", waits)...)
 	return nil
-}
-
-// send puts r on the DLQ: same body and group, r's string attributes, and
-// the fifobox_* diagnostics. The deduplication id is r's message id, so a
-// record sent again (its batch failed to commit) is not duplicated.
-func (h *Handler) send(ctx context.Context, r msg, class, reason string) error {
-	group := r.group
-	if group == "" {
-		group = "fifobox-invalid"
-	}
-	str := func(s string) sqstypes.MessageAttributeValue {
-		return sqstypes.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(s)}
-	}
-	attrs := map[string]sqstypes.MessageAttributeValue{
-		AttrErrorClass:  str(class),
-		AttrErrorReason: str(reason),
-		AttrConsumer:    str(h.cfg.Consumer),
-		AttrSourceQueue: str(orDash(r.EventSourceARN)),
-	}
-	// Keep the published attributes (filters, trace context) within SQS's
-	// limit of 10 per message.
-	names := make([]string, 0, len(r.MessageAttributes))
-	for k := range r.MessageAttributes {
-		names = append(names, k)
-	}
-	sort.Strings(names)
-	for _, k := range names {
-		v := r.MessageAttributes[k]
-		if len(attrs) == 10 || v.StringValue == nil || strings.HasPrefix(k, "fifobox_") {
-			continue
-		}
-		attrs[k] = sqstypes.MessageAttributeValue{DataType: aws.String(v.DataType), StringValue: v.StringValue}
-	}
-	body := r.Body
-	if body == "" {
-		body = "(empty body)"
-	}
-	_, err := h.dlq.SendMessage(ctx, &sqs.SendMessageInput{
-		QueueUrl:               aws.String(h.cfg.DLQURL),
-		MessageBody:            aws.String(body),
-		MessageGroupId:         aws.String(group),
-		MessageDeduplicationId: aws.String(r.MessageId),
-		MessageAttributes:      attrs,
-	})
-	return err
-}
-
-func orDash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
 }

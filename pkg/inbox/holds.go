@@ -63,7 +63,7 @@ type holdPlan struct {
 	ps         []int64
 }
 
-func (h *Handler) planHolds(recs []msg) holdPlan {
+func (h *BatchHandler) planHolds(recs []msg) holdPlan {
 	var p holdPlan
 	seen := map[string]bool{}
 	notLast := map[string]bool{} // a group's record that is not on its last receive
@@ -92,7 +92,7 @@ func (h *Handler) planHolds(recs []msg) holdPlan {
 // loadHolds writes the pre-holds of records on their last receive
 // (committed at once) and reads the holds of the batch's groups, in one
 // round trip before the batch transaction.
-func (h *Handler) loadHolds(ctx context.Context, p holdPlan) (*holdSet, error) {
+func (h *BatchHandler) loadHolds(ctx context.Context, p holdPlan) (*holdSet, error) {
 	batch := &pgx.Batch{}
 	if len(p.pg) > 0 {
 		batch.Queue(sqlPreHold, h.cfg.Consumer, p.pg, p.pk, p.pe, p.ps)

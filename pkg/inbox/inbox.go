@@ -54,7 +54,7 @@ VALUES ($1, $2, $3, $4, $5) ON CONFLICT (consumer, event_id) DO NOTHING`
 // CONFLICT DO NOTHING, then runs fn. A concurrent duplicate waits on the
 // claim's unique key and then finds it taken, so two deliveries at once
 // still apply once. If fn fails, the claim rolls back with it and the error
-// is returned unchanged (use Permanent to mark errors no retry can fix).
+// is returned unchanged (use envelope.Permanent to mark errors no retry can fix).
 func Process(ctx context.Context, db DB, consumer string, e envelope.Envelope, fn SideEffect) (Outcome, error) {
 	if consumer == "" {
 		return 0, errors.New("inbox: consumer name is empty")
@@ -120,24 +120,3 @@ const DefaultRetention = 30 * 24 * time.Hour
 // redriven from a DLQ is recognised as applied only while its inbox row
 // exists; with a shorter retention it could be applied twice.
 const MinRetention = 15 * 24 * time.Hour
-
-// PermanentError marks a side-effect failure that retrying cannot fix: the
-// handler sends the message to the DLQ at once instead of retrying.
-type PermanentError struct{ Err error }
-
-func (e *PermanentError) Error() string { return "permanent: " + e.Err.Error() }
-func (e *PermanentError) Unwrap() error { return e.Err }
-
-// Permanent wraps err as a PermanentError.
-func Permanent(err error) error {
-	if err == nil {
-		return nil
-	}
-	return &PermanentError{Err: err}
-}
-
-// IsPermanent reports whether err is or wraps a PermanentError.
-func IsPermanent(err error) bool {
-	var p *PermanentError
-	return errors.As(err, &p)
-}

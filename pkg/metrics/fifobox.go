@@ -111,7 +111,7 @@ type ConsumerBatch struct {
 }
 
 // Consumer emits a consumer batch's metrics. Consumer Lambdas call it once
-// per batch, e.g. from inbox.HandlerConfig.OnBatch via InboxBatch.
+// per batch, e.g. from sns.HandlerConfig.OnBatch via InboxBatch.
 func (e *Emitter) Consumer(b ConsumerBatch) error {
 	name := b.Consumer
 	if name == "" {
@@ -125,8 +125,9 @@ func (e *Emitter) Consumer(b ConsumerBatch) error {
 	)
 }
 
-// InboxBatch emits an inbox.Handler batch's metrics; use it as
-// inbox.HandlerConfig{OnBatch: func(m inbox.BatchMetrics) { _ = em.InboxBatch(m) }}.
+// InboxBatch emits an inbox.BatchHandler batch's metrics (the SQS
+// consumer's); use it as
+// sns.HandlerConfig{OnBatch: func(m inbox.BatchMetrics) { _ = em.InboxBatch(m) }}.
 func (e *Emitter) InboxBatch(m inbox.BatchMetrics) error {
 	failures := 0
 	for _, n := range m.Failures {

@@ -13,6 +13,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/fifobox/fifobox/pkg/envelope"
 )
 
 // DB is what the dispatcher needs from PostgreSQL; *pgxpool.Pool satisfies it.
@@ -591,7 +593,7 @@ func (d *Dispatcher) extendRun(ctx context.Context, token uuid.UUID, r *run, mos
 		if err := rows.Scan(&id, &eventID, &seq, &eventType, &tenant, &traceprt, &attempts, &body); err != nil {
 			return 0, fmt.Errorf("extend run: scan: %w", err)
 		}
-		m := Message{ID: id, EventID: eventID, GroupID: r.id, DedupID: eventID, AggregateType: r.typ,
+		m := Message{ID: id, EventID: eventID, GroupID: r.id, AggregateType: r.typ,
 			Sequence: seq, EventType: eventType, Body: body, Attempt: int(attempts) + 1}
 		m.Attributes = attributes(m.EventType, m.AggregateType, tenant, traceprt)
 		more = append(more, m)
@@ -671,7 +673,7 @@ func (d *Dispatcher) claim(ctx context.Context, token uuid.UUID) ([]*run, []empt
 			}
 			runs = append(runs, cur)
 		}
-		m := Message{ID: *id, EventID: *eventID, GroupID: aggID, DedupID: *eventID, AggregateType: aggType,
+		m := Message{ID: *id, EventID: *eventID, GroupID: aggID, AggregateType: aggType,
 			Sequence: *seq, EventType: *eventType, Body: body, Attempt: int(*attempts) + 1}
 		m.Attributes = attributes(m.EventType, m.AggregateType, tenant, traceparent)
 		cur.msgs = append(cur.msgs, m)
@@ -883,11 +885,11 @@ func (a *markArgs) add(d *Dispatcher, r *run, claimedAt time.Time, res *BatchRes
 				failingFor = r.retrying + time.Since(claimedAt)
 			}
 			switch {
-			case IsPermanent(r.err), d.cfg.MaxAttempts > 0 && m.Attempt >= d.cfg.MaxAttempts, failingFor >= d.cfg.RetryFor:
+			case envelope.IsPermanent(r.err), d.cfg.MaxAttempts > 0 && m.Attempt >= d.cfg.MaxAttempts, failingFor >= d.cfg.RetryFor:
 				outcome = "dead"
 				res.Dead++
 				d.log.Error("outbox event dead", "event_id", m.EventID, "aggregate_type", m.AggregateType, d.aggID(m.GroupID),
-					"sequence", m.Sequence, "attempts", m.Attempt, "permanent", IsPermanent(r.err), "error", text)
+					"sequence", m.Sequence, "attempts", m.Attempt, "permanent", envelope.IsPermanent(r.err), "error", text)
 			default:
 				outcome = "retry"
 				delay = d.jitter(d.cfg.BackoffCeiling(m.Attempt)).Milliseconds()

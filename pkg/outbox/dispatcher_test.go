@@ -305,7 +305,7 @@ func TestPermanentErrorIsDeadAtOnce(t *testing.T) {
 	enqueue(t, db.Pool, event("P", 1), event("P", 2), event("Q", 1))
 	rec := &outboxtest.Recorder{Fail: func(m outbox.Message) error {
 		if m.GroupID == "P" {
-			return outbox.Permanent(errors.New("InvalidParameter: bad group"))
+			return envelope.Permanent(errors.New("InvalidParameter: bad group"))
 		}
 		return nil
 	}}

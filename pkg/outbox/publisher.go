@@ -12,12 +12,11 @@ import (
 type Message struct {
 	// ID is the outbox row id.
 	ID int64
-	// EventID is the envelope id; publishers use it as the SNS deduplication id.
+	// EventID is the envelope id; publishers use it as the broker's deduplication
+	// id (SNS MessageDeduplicationId, JetStream Nats-Msg-Id, AMQP message-id).
 	EventID string
 	// GroupID is the aggregate id; publishers use it as the SNS message group id.
 	GroupID string
-	// DedupID is the SNS deduplication id: the event id.
-	DedupID string
 	// AggregateType, Sequence and EventType identify the event for logs and tests.
 	AggregateType string
 	Sequence      int64
@@ -34,7 +33,7 @@ type Message struct {
 //
 // Publish receives at most the dispatcher's PublishBatchSize messages, never
 // two of the same aggregate, and returns exactly one error per message, in
-// the same order: nil when the broker acknowledged it, a Permanent error when
+// the same order: nil when the broker acknowledged it, an envelope.Permanent error when
 // retrying cannot help (the event goes dead), any other error to retry later
 // with backoff. A result slice of the wrong length counts as a retryable
 // failure of every message.
@@ -47,27 +46,6 @@ type PublisherFunc func(ctx context.Context, msgs []Message) []error
 
 // Publish calls f.
 func (f PublisherFunc) Publish(ctx context.Context, msgs []Message) []error { return f(ctx, msgs) }
-
-// PermanentError marks a publish failure that no retry can fix (invalid
-// parameter, message too large): the event is marked dead at once.
-type PermanentError struct{ Err error }
-
-func (e *PermanentError) Error() string { return "permanent: " + e.Err.Error() }
-func (e *PermanentError) Unwrap() error { return e.Err }
-
-// Permanent wraps err as a PermanentError.
-func Permanent(err error) error {
-	if err == nil {
-		return nil
-	}
-	return &PermanentError{Err: err}
-}
-
-// IsPermanent reports whether err is, or wraps, a PermanentError.
-func IsPermanent(err error) bool {
-	var p *PermanentError
-	return errors.As(err, &p)
-}
 
 // ErrDuplicateEvent is returned by Enqueue when an event id already exists.
 var ErrDuplicateEvent = errors.New("outbox: event id already enqueued")

@@ -1,6 +1,6 @@
 // Package readmodel is fifobox's example consumer: it keeps the
 // orders_read_model table current from order events. It shows the pattern to
-// copy: a pure Apply function over (tx, envelope) that inbox.Handler runs
+// copy: a pure Apply function over (tx, envelope) that the consumers' handlers run
 // inside the inbox transaction, so each event changes the table exactly once.
 package readmodel
 
@@ -52,7 +52,7 @@ func Apply(ctx context.Context, tx pgx.Tx, e envelope.Envelope) error {
 	}
 	var p OrderEvent
 	if err := json.Unmarshal(e.Payload, &p); err != nil {
-		return inbox.Permanent(fmt.Errorf("order event %s: payload: %w", e.ID, err))
+		return envelope.Permanent(fmt.Errorf("order event %s: payload: %w", e.ID, err))
 	}
 	if p.OrderID == "" {
 		p.OrderID = e.AggregateID

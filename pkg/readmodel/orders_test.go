@@ -10,7 +10,6 @@ import (
 
 	"github.com/fifobox/fifobox/internal/pgtest"
 	"github.com/fifobox/fifobox/pkg/envelope"
-	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/readmodel"
 )
 
@@ -93,7 +92,7 @@ func TestApplyIgnoresOtherEventsAndRejectsBadPayloads(t *testing.T) {
 	}
 	bad := order(t, "o-y", "order.created", 1, readmodel.OrderEvent{})
 	bad.Payload = []byte(`{"amount_cents":"twelve"}`)
-	if err := apply(t, db, bad); !inbox.IsPermanent(err) {
+	if err := apply(t, db, bad); !envelope.IsPermanent(err) {
 		t.Errorf("bad payload: %v, want a permanent error", err)
 	}
 	var n int

@@ -52,7 +52,7 @@ func TestBrokerOperationsThroughRabbitMQ(t *testing.T) {
 	if _, err := db.Pool.Exec(ctx, `UPDATE outbox SET state = 'sent', sent_at = now()`); err != nil {
 		t.Fatal(err)
 	}
-	svc, err := redrive.New(db.Pool, nil, redrive.Config{Broker: ops, Logger: quiet})
+	svc, err := redrive.New(db.Pool, redrive.Config{Operations: ops, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +143,7 @@ func TestMigrateProvisionsBrokerTopology(t *testing.T) {
 		t.Fatal(err)
 	}
 	db := pgtest.New(t)
-	svc, err := redrive.New(db.Pool, nil, redrive.Config{Broker: ops, Provisioner: prov, Logger: quiet})
+	svc, err := redrive.New(db.Pool, redrive.Config{Operations: ops, Provisioner: prov, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +166,7 @@ func TestMigrateProvisionsBrokerTopology(t *testing.T) {
 		}
 	}
 
-	failing, err := redrive.New(db.Pool, nil, redrive.Config{Broker: ops, Provisioner: failingProvisioner{}, Logger: quiet})
+	failing, err := redrive.New(db.Pool, redrive.Config{Operations: ops, Provisioner: failingProvisioner{}, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,11 +15,11 @@ import (
 	"github.com/fifobox/fifobox/internal/emulatortest"
 	"github.com/fifobox/fifobox/internal/pgtest"
 	"github.com/fifobox/fifobox/pkg/envelope"
-	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/outbox"
-	"github.com/fifobox/fifobox/pkg/outbox/snspub"
 	"github.com/fifobox/fifobox/pkg/redrive"
 	"github.com/fifobox/fifobox/pkg/topology"
+	"github.com/fifobox/fifobox/pkg/transport"
+	"github.com/fifobox/fifobox/pkg/transport/sns"
 )
 
 // pipeline is the whole local flow: outbox -> dispatcher -> SNS FIFO (emulator)
@@ -44,21 +44,21 @@ func newPipeline(t *testing.T) *pipeline {
 	if _, err := p.db.Pool.Exec(ctx, `CREATE TABLE applied (n bigserial PRIMARY KEY, consumer text, event_id uuid, aggregate_id text, seq bigint)`); err != nil {
 		t.Fatal(err)
 	}
-	queues := redrive.Queues{}
+	queues := sns.Queues{}
 	for name, q := range p.env.Queues {
-		queues[name] = redrive.QueueURLs{QueueURL: q.URL, DLQURL: q.DLQURL, SubscriptionDLQURL: q.SubDLQURL}
+		queues[name] = sns.QueueURLs{QueueURL: q.URL, DLQURL: q.DLQURL, SubscriptionDLQURL: q.SubDLQURL}
 		name, q := name, q
 		apply := func(ctx context.Context, tx pgx.Tx, e envelope.Envelope) error {
 			p.mu.Lock()
 			bad := name == "audit" && p.poison[e.ID]
 			p.mu.Unlock()
 			if bad {
-				return inbox.Permanent(errors.New("audit rejects this event"))
+				return envelope.Permanent(errors.New("audit rejects this event"))
 			}
 			_, err := tx.Exec(ctx, `INSERT INTO applied (consumer, event_id, aggregate_id, seq) VALUES ($1, $2, $3, $4)`, name, e.ID, e.AggregateID, e.Sequence)
 			return err
 		}
-		h, err := inbox.NewHandler(p.db.Pool, p.env.SQS, apply, inbox.HandlerConfig{Consumer: name, DLQURL: q.DLQURL, Logger: quiet,
+		h, err := sns.NewHandler(p.db.Pool, p.env.SQS, apply, sns.HandlerConfig{Consumer: name, DLQURL: q.DLQURL, Logger: quiet,
 			MaxReceiveCount: q.Consumer.MaxReceiveCount})
 		if err != nil {
 			t.Fatal(err)
@@ -66,10 +66,10 @@ func newPipeline(t *testing.T) *pipeline {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_ = (&inbox.Runner{SQS: p.env.SQS, QueueURL: q.URL, QueueARN: q.ARN, Handler: h.Handle, RetryDelay: time.Second, Logger: quiet}).Run(ctx)
+			_ = (&sns.Runner{SQS: p.env.SQS, QueueURL: q.URL, QueueARN: q.ARN, Handler: h.Handle, RetryDelay: time.Second, Logger: quiet}).Run(ctx)
 		}()
 	}
-	pub, err := snspub.New(p.env.SNS, snspub.Config{TopicARN: p.env.TopicARN})
+	pub, err := sns.NewPublisher(p.env.SNS, sns.PublisherConfig{TopicARN: p.env.TopicARN})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +79,7 @@ func newPipeline(t *testing.T) *pipeline {
 	}
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = d.Run(ctx) }()
-	p.svc, err = redrive.New(p.db.Pool, p.env.SQS, redrive.Config{Queues: queues, Logger: quiet})
+	p.svc, err = redrive.New(p.db.Pool, redrive.Config{Operations: snsOps(t, p.env, queues, nil), Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,7 +247,7 @@ func TestDLQRedriveAppliesOnce(t *testing.T) {
 	p.poison = map[string]bool{} // fixed
 	p.mu.Unlock()
 	var progress []int64
-	svcProgress, _ := redrive.New(p.db.Pool, p.env.SQS, redrive.Config{Queues: queuesOf(p), Logger: quiet,
+	svcProgress, _ := redrive.New(p.db.Pool, redrive.Config{Operations: snsOps(t, p.env, queuesOf(p), nil), Logger: quiet,
 		Progress: func(op string, done, total int64) { progress = append(progress, done) }})
 	res, err := svcProgress.Execute(ctx, redrive.Command{Operation: redrive.OpDLQRedrive, Consumer: "audit", Actor: "test"})
 	if err != nil || res.Affected != 9 {
@@ -284,10 +284,10 @@ func TestDLQRedriveAppliesOnce(t *testing.T) {
 	}
 }
 
-func queuesOf(p *pipeline) redrive.Queues {
-	q := redrive.Queues{}
+func queuesOf(p *pipeline) sns.Queues {
+	q := sns.Queues{}
 	for name, x := range p.env.Queues {
-		q[name] = redrive.QueueURLs{QueueURL: x.URL, DLQURL: x.DLQURL, SubscriptionDLQURL: x.SubDLQURL}
+		q[name] = sns.QueueURLs{QueueURL: x.URL, DLQURL: x.DLQURL, SubscriptionDLQURL: x.SubDLQURL}
 	}
 	return q
 }
@@ -323,4 +323,18 @@ func assertInOrder(t *testing.T, db *pgtest.DB, consumer string) {
 		}
 		last[agg] = seq
 	}
+}
+
+// snsOps is the SNS transport's operations on env's queues.
+func snsOps(t *testing.T, env *emulatortest.Env, queues sns.Queues, topo *topology.Topology) transport.Operations {
+	t.Helper()
+	tr, err := sns.New(sns.Config{SNS: env.SNS, SQS: env.SQS, Queues: queues, Topology: topo, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops, err := tr.Operations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ops
 }

@@ -2,6 +2,7 @@ package redrive_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/aws/aws-lambda-go/events"
@@ -12,8 +13,9 @@ import (
 
 	"github.com/fifobox/fifobox/internal/pgtest"
 	"github.com/fifobox/fifobox/pkg/envelope"
-	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/redrive"
+	"github.com/fifobox/fifobox/pkg/transport"
+	"github.com/fifobox/fifobox/pkg/transport/sns"
 )
 
 type countingDLQ struct{ sent int }
@@ -38,8 +40,8 @@ func TestReleaseHolds(t *testing.T) {
 	}
 	dlq := &countingDLQ{}
 	var applied int
-	h, err := inbox.NewHandler(db.Pool, dlq, func(context.Context, pgx.Tx, envelope.Envelope) error { applied++; return nil },
-		inbox.HandlerConfig{Consumer: "c", DLQURL: "d", Logger: quiet})
+	h, err := sns.NewHandler(db.Pool, dlq, func(context.Context, pgx.Tx, envelope.Envelope) error { applied++; return nil },
+		sns.HandlerConfig{Consumer: "c", DLQURL: "d", Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +58,7 @@ func TestReleaseHolds(t *testing.T) {
 	if applied != 0 || dlq.sent != 1 {
 		t.Fatalf("g1 is held: applied %d, dead-lettered %d", applied, dlq.sent)
 	}
-	svc, _ := redrive.New(db.Pool, nil, redrive.Config{Logger: quiet})
+	svc, _ := redrive.New(db.Pool, redrive.Config{Logger: quiet})
 	if _, err := svc.Execute(ctx, redrive.Command{Operation: redrive.OpReleaseHolds}); err == nil {
 		t.Fatal("release-holds without a consumer accepted")
 	}
@@ -79,5 +81,67 @@ func TestReleaseHolds(t *testing.T) {
 	audit, _ := redrive.ListAudit(ctx, db.Pool, 5)
 	if len(audit) != 2 || audit[0].Operation != redrive.OpReleaseHolds || audit[0].Affected != 3 || !audit[1].DryRun {
 		t.Fatalf("audit %+v", audit)
+	}
+}
+
+// depthsOnly is a transport's operations that report queue figures for
+// the consumers it knows, and nothing else.
+type depthsOnly struct {
+	transport.Operations
+	known []string
+}
+
+func (d depthsOnly) Depths(_ context.Context, consumers ...string) ([]transport.QueueDepth, error) {
+	var out []transport.QueueDepth
+	for _, c := range d.known {
+		if len(consumers) == 0 || consumers[0] == c {
+			out = append(out, transport.QueueDepth{Consumer: c, Ready: 3, DLQ: 1})
+		}
+	}
+	return out, nil
+}
+
+// status reads held groups from inbox_held whatever the transport: beside
+// a transport's queue figures, and for a consumer holding groups that has
+// no queue row (or with no transport configured at all).
+func TestStatusShowsHeldGroupsWhateverTheTransport(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	for _, r := range [][2]string{{"a", "g1"}, {"a", "g1"}, {"a", "g2"}, {"b", "g1"}} {
+		if _, err := db.Pool.Exec(ctx, `INSERT INTO inbox_held (consumer, group_id, message_key, class) VALUES ($1, $2, $3, 'permanent')`,
+			r[0], r[1], uuid.NewString()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type row struct {
+		consumer            string
+		visible, held, msgs int64
+		figures             bool
+	}
+	for _, tc := range []struct {
+		name     string
+		ops      transport.Operations
+		consumer string
+		want     []row
+	}{
+		{"transport knows a", depthsOnly{known: []string{"a", "c"}}, "", []row{{"a", 3, 2, 3, true}, {"c", 3, 0, 0, true}, {"b", -1, 1, 1, false}}},
+		{"one consumer", depthsOnly{known: []string{"a", "c"}}, "a", []row{{"a", 3, 2, 3, true}}},
+		{"no transport", nil, "", []row{{"a", -1, 2, 3, false}, {"b", -1, 1, 1, false}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			svc, _ := redrive.New(db.Pool, redrive.Config{Operations: tc.ops, Logger: quiet})
+			res, err := svc.Execute(ctx, redrive.Command{Operation: redrive.OpStatus, Consumer: tc.consumer})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []row
+			for _, q := range res.Status.Queues {
+				got = append(got, row{q.Consumer, q.Visible, q.HeldGroups, q.HeldMessages, q.Error == ""})
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Fatalf("queues %+v, want %+v", got, tc.want)
+			}
+		})
 	}
 }

@@ -21,7 +21,8 @@ type Status struct {
 	Queues  []QueueDepth   `json:"queues,omitempty"`
 }
 
-// QueueDepth is one consumer's approximate queue depths (SQS GetQueueAttributes).
+// QueueDepth is one consumer's queue depths (transport.QueueDepth; -1:
+// the broker cannot report it) and its held groups (inbox_held).
 type QueueDepth struct {
 	Consumer    string `json:"consumer"`
 	Visible     int64  `json:"visible"`
@@ -78,58 +79,65 @@ func (s *Service) status(ctx context.Context, cmd Command) (Result, error) {
 		return Result{}, err
 	}
 	st := &Status{Backlog: b}
-	if s.cfg.Broker != nil {
+	if s.cfg.Operations != nil {
 		var names []string
 		if cmd.Consumer != "" {
 			names = []string{cmd.Consumer}
 		}
-		depths, err := s.cfg.Broker.Depths(ctx, names...)
+		depths, err := s.cfg.Operations.Depths(ctx, names...)
 		if err != nil {
 			return Result{}, fmt.Errorf("status: queue depths: %w", err)
 		}
-		for _, bd := range depths {
-			d := QueueDepth{Consumer: bd.Consumer, Visible: bd.Ready, InFlight: bd.InFlight, Retrying: bd.Retrying, DLQ: bd.DLQ, Error: bd.Error}
-			s.held(ctx, &d)
-			st.Queues = append(st.Queues, d)
+		for _, td := range depths {
+			st.Queues = append(st.Queues, QueueDepth{Consumer: td.Consumer, Visible: td.Ready, InFlight: td.InFlight, Retrying: td.Retrying,
+				DLQ: td.DLQ, DLQInFlight: td.DLQInFlight, SubscriptionDLQ: td.SubscriptionDLQ, Error: td.Error})
 		}
-	} else if s.sqs != nil {
-		for _, name := range s.cfg.Queues.Names() {
-			if cmd.Consumer != "" && name != cmd.Consumer {
-				continue
-			}
-			st.Queues = append(st.Queues, s.depth(ctx, name, s.cfg.Queues[name]))
-		}
+	}
+	if err := s.held(ctx, cmd.Consumer, st); err != nil {
+		return Result{}, err
 	}
 	return Result{Operation: cmd.Operation, Status: st}, nil
 }
 
-func (s *Service) depth(ctx context.Context, name string, q QueueURLs) QueueDepth {
-	d := QueueDepth{Consumer: name}
-	get := func(url string) (int64, int64, error) { return s.queueDepth(ctx, url) }
-	var err error
-	if d.Visible, d.InFlight, err = get(q.QueueURL); err != nil {
-		d.Error = "queue: " + err.Error()
-		return d
+// held fills in each consumer's groups held in strict order, from the
+// database (inbox_held), whatever the transport: a consumer holding groups
+// that has no queue row (no transport configured, or not among the
+// queues reported) gets a row of its own.
+func (s *Service) held(ctx context.Context, consumer string, st *Status) error {
+	rows, err := s.db.Query(ctx, `SELECT consumer, count(DISTINCT group_id), count(*) FROM inbox_held
+WHERE $1 = '' OR consumer = $1 GROUP BY consumer ORDER BY consumer`, consumer)
+	if err != nil {
+		return fmt.Errorf("status: held groups: %w", err)
 	}
-	if d.DLQ, d.DLQInFlight, err = get(q.DLQURL); err != nil {
-		d.Error = "dlq: " + err.Error()
-		return d
+	type counts struct{ groups, msgs int64 }
+	held := map[string]counts{}
+	var order []string
+	for rows.Next() {
+		var name string
+		var c counts
+		if err := rows.Scan(&name, &c.groups, &c.msgs); err != nil {
+			rows.Close()
+			return fmt.Errorf("status: held groups: %w", err)
+		}
+		held[name] = c
+		order = append(order, name)
 	}
-	if q.SubscriptionDLQURL != "" {
-		if d.SubscriptionDLQ, _, err = get(q.SubscriptionDLQURL); err != nil {
-			d.Error = "subscription dlq: " + err.Error()
-			return d
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("status: held groups: %w", err)
+	}
+	for i := range st.Queues {
+		c := held[st.Queues[i].Consumer]
+		st.Queues[i].HeldGroups, st.Queues[i].HeldMessages = c.groups, c.msgs
+		delete(held, st.Queues[i].Consumer)
+	}
+	for _, name := range order {
+		if c, ok := held[name]; ok {
+			st.Queues = append(st.Queues, QueueDepth{Consumer: name, Visible: -1, InFlight: -1, DLQ: -1, DLQInFlight: -1,
+				HeldGroups: c.groups, HeldMessages: c.msgs, Error: "no queue figures for this consumer"})
 		}
 	}
-	s.held(ctx, &d)
-	return d
-}
-
-// held counts the consumer's groups held in strict order.
-func (s *Service) held(ctx context.Context, d *QueueDepth) {
-	if err := s.db.QueryRow(ctx, `SELECT count(DISTINCT group_id), count(*) FROM inbox_held WHERE consumer = $1`, d.Consumer).Scan(&d.HeldGroups, &d.HeldMessages); err != nil && d.Error == "" {
-		d.Error = "held groups: " + err.Error()
-	}
+	return nil
 }
 
 func (s *Service) deadList(ctx context.Context, cmd Command) (Result, error) {

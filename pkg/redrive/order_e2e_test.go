@@ -12,7 +12,7 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/sns"
+	snssvc "github.com/aws/aws-sdk-go-v2/service/sns"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/jackc/pgx/v5"
@@ -20,11 +20,10 @@ import (
 	"github.com/fifobox/fifobox/internal/emulatortest"
 	"github.com/fifobox/fifobox/internal/pgtest"
 	"github.com/fifobox/fifobox/pkg/envelope"
-	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/outbox"
-	"github.com/fifobox/fifobox/pkg/outbox/snspub"
 	"github.com/fifobox/fifobox/pkg/redrive"
 	"github.com/fifobox/fifobox/pkg/topology"
+	"github.com/fifobox/fifobox/pkg/transport/sns"
 )
 
 // oneConsumer is a pipeline with a single consumer "c" (maxReceiveCount 2)
@@ -67,7 +66,7 @@ func newOneConsumer(t *testing.T, withDispatcher bool) *oneConsumer {
 		_, err = tx.Exec(ctx, `INSERT INTO applied (consumer, event_id, aggregate_id, seq) VALUES ('c', $1, $2, $3)`, e.ID, e.AggregateID, e.Sequence)
 		return err
 	}
-	h, err := inbox.NewHandler(p.db.Pool, p.env.SQS, apply, inbox.HandlerConfig{Consumer: "c", DLQURL: pq.DLQURL, MaxReceiveCount: 2, Logger: quiet})
+	h, err := sns.NewHandler(p.db.Pool, p.env.SQS, apply, sns.HandlerConfig{Consumer: "c", DLQURL: pq.DLQURL, MaxReceiveCount: 2, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,10 +87,10 @@ func newOneConsumer(t *testing.T, withDispatcher bool) *oneConsumer {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		_ = (&inbox.Runner{SQS: p.env.SQS, QueueURL: pq.URL, QueueARN: pq.ARN, Handler: observe, RetryDelay: time.Second, Logger: quiet}).Run(ctx)
+		_ = (&sns.Runner{SQS: p.env.SQS, QueueURL: pq.URL, QueueARN: pq.ARN, Handler: observe, RetryDelay: time.Second, Logger: quiet}).Run(ctx)
 	}()
 	if withDispatcher {
-		pub, err := snspub.New(p.env.SNS, snspub.Config{TopicARN: p.env.TopicARN})
+		pub, err := sns.NewPublisher(p.env.SNS, sns.PublisherConfig{TopicARN: p.env.TopicARN})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -102,8 +101,8 @@ func newOneConsumer(t *testing.T, withDispatcher bool) *oneConsumer {
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = d.Run(ctx) }()
 	}
-	p.svc, err = redrive.New(p.db.Pool, p.env.SQS, redrive.Config{Logger: quiet,
-		Queues: redrive.Queues{"c": {QueueURL: pq.URL, DLQURL: pq.DLQURL, SubscriptionDLQURL: pq.SubDLQURL}}, Topology: &topo})
+	p.svc, err = redrive.New(p.db.Pool, redrive.Config{Logger: quiet,
+		Operations: snsOps(t, p.env, sns.Queues{"c": {QueueURL: pq.URL, DLQURL: pq.DLQURL, SubscriptionDLQURL: pq.SubDLQURL}}, &topo)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,8 +154,8 @@ func TestStrictOrderEndToEndThroughDLQAndRedrive(t *testing.T) {
 		}
 	}
 	p.mu.Lock()
-	p.reject[evs[0].ID] = errors.New("database busy")                         // a/1: transient, every time
-	p.reject[evs[4].ID] = inbox.Permanent(errors.New("cannot apply b/2 yet")) // b/2
+	p.reject[evs[0].ID] = errors.New("database busy")                            // a/1: transient, every time
+	p.reject[evs[4].ID] = envelope.Permanent(errors.New("cannot apply b/2 yet")) // b/2
 	p.mu.Unlock()
 	enqueue(t, p.db, evs...)
 	p.until(t, "c applied, and the DLQ holding a/1-3 and b/2-3", func() bool {
@@ -193,11 +192,11 @@ func TestStrictOrderEndToEndThroughDLQAndRedrive(t *testing.T) {
 func TestSubscriptionDLQRedrive(t *testing.T) {
 	p := newOneConsumer(t, false)
 	ctx := context.Background()
-	subs, err := p.env.SNS.ListSubscriptionsByTopic(ctx, &sns.ListSubscriptionsByTopicInput{TopicArn: aws.String(p.env.TopicARN)})
+	subs, err := p.env.SNS.ListSubscriptionsByTopic(ctx, &snssvc.ListSubscriptionsByTopicInput{TopicArn: aws.String(p.env.TopicARN)})
 	if err != nil || len(subs.Subscriptions) != 1 {
 		t.Fatalf("subscriptions %+v %v", subs, err)
 	}
-	sa, err := p.env.SNS.GetSubscriptionAttributes(ctx, &sns.GetSubscriptionAttributesInput{SubscriptionArn: subs.Subscriptions[0].SubscriptionArn})
+	sa, err := p.env.SNS.GetSubscriptionAttributes(ctx, &snssvc.GetSubscriptionAttributesInput{SubscriptionArn: subs.Subscriptions[0].SubscriptionArn})
 	if err != nil || !strings.Contains(sa.Attributes["RedrivePolicy"], p.env.Queues["c"].SubDLQARN) {
 		t.Fatalf("subscription attributes %v (%v): want a RedrivePolicy to the subscription DLQ", sa.Attributes, err)
 	}

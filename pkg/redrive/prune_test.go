@@ -72,7 +72,7 @@ func TestPruneOutboxAndInbox(t *testing.T) {
 			t.Parallel()
 			db := pgtest.New(t)
 			seedRetention(t, db)
-			svc, err := redrive.New(db.Pool, nil, redrive.Config{Logger: quiet})
+			svc, err := redrive.New(db.Pool, redrive.Config{Logger: quiet})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -8,16 +8,14 @@
 //     rejects them for good) are given up, with a reason; their aggregates
 //     resume with the events after them. Explicit event ids only.
 //   - replay: sent events of one aggregate type and time range are sent again
-//     to ONE consumer's SQS queue (same body, MessageGroupId = aggregate id,
-//     in sequence order), after deleting that consumer's inbox entries for
+//     to ONE consumer's queue (same body, aggregate id as message group, in
+//     sequence order), after deleting that consumer's inbox entries for
 //     exactly those events in the transaction that writes the audit row, so
 //     only that consumer re-applies them (to rebuild a read model).
-//   - dlq-redrive: messages move from a consumer's DLQ (or its SNS
-//     subscription's DLQ) back to its queue by receive-and-resend (works on
-//     AWS, LocalStack and emulators without StartMessageMoveTask), keeping
-//     MessageGroupId and order within a group. A consumer in strict order
-//     applies a held group's messages as they come back in order and then
-//     releases the group (pkg/inbox).
+//   - dlq-redrive: messages move from a consumer's DLQ (or, on SNS, its
+//     subscription's DLQ) back to its queue, keeping each aggregate's order.
+//     A consumer in strict order applies a held group's messages as they
+//     come back in order and then releases the group (pkg/inbox).
 //   - release-holds: ends a strict-order consumer's holds (table
 //     inbox_held) when the dead-lettered messages they wait for are gone
 //     (purged, expired after the DLQ's 14 days, deleted by hand); the
@@ -25,26 +23,23 @@
 //   - migrate, prune, and the read-only status and dead-list.
 //
 // Every action that changes something writes a redrive_audit row (who, what,
-// parameters, when, how many, outcome) and a log line.
+// parameters, when, how many, outcome) and a log line. The broker's side of
+// status, replay and dlq-redrive goes through a transport.Operations, the
+// same calls whatever the transport (pkg/transport/sns, amqp, nats).
 package redrive
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fifobox/fifobox/pkg/inbox"
-	"github.com/fifobox/fifobox/pkg/topology"
 	"github.com/fifobox/fifobox/pkg/transport"
 )
 
@@ -60,7 +55,7 @@ const (
 	OpPrune         = "prune"
 	OpReleaseHolds  = "release-holds"
 	defaultMax      = 100_000
-	sqsBatchSize    = 9 // SQS allows 10; some emulators reorder a 10-entry batch
+	replayChunk     = 9 // events read and sent per step (SQS sends at most 10 per call)
 	defaultLimit    = 100
 	defaultPruneAge = 7 * 24 * time.Hour
 )
@@ -147,112 +142,45 @@ type Result struct {
 	Dead   []DeadItem `json:"dead,omitempty"`
 }
 
-// QueueURLs locates one consumer's queue and DLQs.
-type QueueURLs struct {
-	QueueURL string `json:"queue_url"`
-	DLQURL   string `json:"dlq_url"`
-	// SubscriptionDLQURL is the DLQ of the consumer's SNS subscription
-	// (topology.Consumer.SubscriptionDLQName); optional, needed by
-	// dlq-redrive with source subscription-dlq.
-	SubscriptionDLQURL string `json:"subscription_dlq_url,omitempty"`
-}
-
 // dlq-redrive sources.
 const (
-	SourceDLQ             = "dlq"
-	SourceSubscriptionDLQ = "subscription-dlq"
+	SourceDLQ             = string(transport.ConsumerDLQ)
+	SourceSubscriptionDLQ = string(transport.SubscriptionDLQ)
 )
-
-// Queues maps consumer name to its queues.
-type Queues map[string]QueueURLs
-
-// QueuesFromEnv parses FIFOBOX_QUEUES, a JSON object consumer name ->
-// {"queue_url", "dlq_url", "subscription_dlq_url" (optional)}. Unset means
-// no queues (database-only operations).
-func QueuesFromEnv() (Queues, error) {
-	return ParseQueues(os.Getenv("FIFOBOX_QUEUES"))
-}
-
-// ParseQueues parses the FIFOBOX_QUEUES JSON.
-func ParseQueues(s string) (Queues, error) {
-	q := Queues{}
-	if s == "" {
-		return q, nil
-	}
-	if err := json.Unmarshal([]byte(s), &q); err != nil {
-		return nil, fmt.Errorf("FIFOBOX_QUEUES: want a JSON object consumer -> {\"queue_url\",\"dlq_url\"}: %w", err)
-	}
-	for name, u := range q {
-		if u.QueueURL == "" || u.DLQURL == "" {
-			return nil, fmt.Errorf("FIFOBOX_QUEUES: consumer %q needs queue_url and dlq_url", name)
-		}
-	}
-	return q, nil
-}
-
-// Names returns the consumer names in order.
-func (q Queues) Names() []string {
-	n := make([]string, 0, len(q))
-	for k := range q {
-		n = append(n, k)
-	}
-	sort.Strings(n)
-	return n
-}
-
-// SQSAPI is the part of the SQS client the operations use; *sqs.Client satisfies it.
-type SQSAPI interface {
-	ReceiveMessage(ctx context.Context, in *sqs.ReceiveMessageInput, optFns ...func(*sqs.Options)) (*sqs.ReceiveMessageOutput, error)
-	SendMessageBatch(ctx context.Context, in *sqs.SendMessageBatchInput, optFns ...func(*sqs.Options)) (*sqs.SendMessageBatchOutput, error)
-	DeleteMessageBatch(ctx context.Context, in *sqs.DeleteMessageBatchInput, optFns ...func(*sqs.Options)) (*sqs.DeleteMessageBatchOutput, error)
-	GetQueueAttributes(ctx context.Context, in *sqs.GetQueueAttributesInput, optFns ...func(*sqs.Options)) (*sqs.GetQueueAttributesOutput, error)
-}
 
 // Config configures a Service.
 type Config struct {
-	// Queues of each consumer (FIFOBOX_QUEUES). Needed by replay, dlq-redrive and queue depths.
-	Queues Queues
-	// Broker, when set, is another transport's broker side (RabbitMQ:
-	// pkg/transport/amqp.Operations): queue depths, dlq-redrive and replay
-	// go through it instead of SQS, and Queues is not used.
-	Broker transport.Operations
+	// Operations are the broker side of status (queue depths), replay and
+	// dlq-redrive (transport.Transport.Operations); nil: only the database
+	// operations (and status without queue depths) work.
+	Operations transport.Operations
 	// Provisioner, when set, declares the broker's topology (idempotently)
 	// after the migrations in migrate: the deploy trigger's one call leaves
 	// both the database and the broker ready.
 	Provisioner transport.Provisioner
-	// Topology supplies consumer filters: replay skips events the consumer's
-	// subscription filter would not have delivered. Default topology.Default().
-	Topology *topology.Topology
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 	// Progress, if set, is called as long operations advance (done of total; total -1 if unknown).
 	Progress func(op string, done, total int64)
 }
 
-// Service runs operations against one database and SQS.
+// Service runs operations against one database and, through
+// Config.Operations, one transport.
 type Service struct {
 	db  *pgxpool.Pool
-	sqs SQSAPI
 	cfg Config
 	log *slog.Logger
 }
 
-// New returns a Service. sqs may be nil when only database operations are used.
-func New(db *pgxpool.Pool, sqsAPI SQSAPI, cfg Config) (*Service, error) {
+// New returns a Service.
+func New(db *pgxpool.Pool, cfg Config) (*Service, error) {
 	if db == nil {
 		return nil, errors.New("new redrive service: db is nil")
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.Topology == nil {
-		t := topology.Default()
-		cfg.Topology = &t
-	}
-	if cfg.Queues == nil {
-		cfg.Queues = Queues{}
-	}
-	return &Service{db: db, sqs: sqsAPI, cfg: cfg, log: cfg.Logger}, nil
+	return &Service{db: db, cfg: cfg, log: cfg.Logger}, nil
 }
 
 // Retention guards of prune. They hold for every caller: the daily
@@ -363,21 +291,15 @@ func (s *Service) Execute(ctx context.Context, cmd Command) (Result, error) {
 	return res, err
 }
 
-func (s *Service) queues(consumer string) (QueueURLs, error) {
+// ops returns the transport's operations for consumer's queues.
+func (s *Service) ops(consumer string) (transport.Operations, error) {
 	if consumer == "" {
-		return QueueURLs{}, errors.New("consumer is required")
+		return nil, errors.New("consumer is required")
 	}
-	if s.cfg.Broker != nil {
-		return QueueURLs{}, nil // the broker knows its consumers' queues
+	if s.cfg.Operations == nil {
+		return nil, errors.New("no transport configured: this operation needs the broker")
 	}
-	q, ok := s.cfg.Queues[consumer]
-	if !ok {
-		return QueueURLs{}, fmt.Errorf("consumer %q has no queues in FIFOBOX_QUEUES (known: %v)", consumer, s.cfg.Queues.Names())
-	}
-	if s.sqs == nil {
-		return QueueURLs{}, errors.New("no SQS client configured")
-	}
-	return q, nil
+	return s.cfg.Operations, nil
 }
 
 func (s *Service) progress(op string, done, total int64) {

@@ -4,16 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/sqs"
-	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
-	"github.com/fifobox/fifobox/pkg/topology"
+	"github.com/fifobox/fifobox/pkg/transport"
 )
 
 type replayEvent struct {
@@ -29,13 +25,14 @@ func (e replayEvent) attrs() map[string]string {
 
 // replay re-sends sent events to one consumer's queue. The inbox rows of the
 // selected events are deleted in the transaction that writes the audit row;
-// then the events go out in (aggregate, sequence) order with SendMessageBatch,
-// MessageGroupId = aggregate id, the stored body, the SNS message attributes,
-// and a deduplication id unique to this replay (the original event id may
-// still be in the queue's 5-minute deduplication window).
+// then the events go out through the transport's Operations.Replay in
+// (aggregate, sequence) order, with the stored body and attributes and
+// deduplication ids unique to this replay (the original event id may still
+// be in the broker's deduplication window). Events the consumer would not
+// have received (its filter, bindings or filter subjects) are skipped.
 func (s *Service) replay(ctx context.Context, cmd Command) (Result, error) {
 	res := Result{Operation: cmd.Operation, DryRun: cmd.DryRun}
-	q, err := s.queues(cmd.Consumer)
+	ops, err := s.ops(cmd.Consumer)
 	if err != nil {
 		return res, fmt.Errorf("replay: %w", err)
 	}
@@ -49,8 +46,6 @@ func (s *Service) replay(ctx context.Context, cmd Command) (Result, error) {
 	if since == nil {
 		return res, errors.New("replay: since is required (replaying a whole history must be explicit: pass the epoch)")
 	}
-	filter, known := s.cfg.Topology.Consumer(cmd.Consumer)
-
 	rows, err := s.db.Query(ctx, `SELECT id, event_id::text, event_type, aggregate_type, aggregate_id, aggregate_seq,
        coalesce(tenant_id, ''), coalesce(traceparent, '')
 FROM outbox WHERE state = 'sent'`+sqlSelectWhere+`
@@ -66,24 +61,17 @@ ORDER BY aggregate_id, aggregate_seq`, ids, cmd.AggregateType, since, until)
 	if err != nil {
 		return res, fmt.Errorf("replay: select events: %w", err)
 	}
-	switch sel, ok := s.cfg.Broker.(brokerSelector); {
-	case s.cfg.Broker != nil && ok:
-		// The broker's bindings decide, not SNS's filter policies.
-		kept := evs[:0]
-		for _, e := range evs {
-			yes, err := sel.Selects(cmd.Consumer, outbox.Message{EventID: e.eventID, GroupID: e.aggID, AggregateType: e.aggType,
-				EventType: e.eventType, Sequence: e.seq, Attributes: e.attrs()})
-			if err != nil {
-				return res, fmt.Errorf("replay: %w", err)
-			}
-			if yes {
-				kept = append(kept, e)
-			}
+	kept := evs[:0]
+	for _, e := range evs {
+		yes, err := ops.Selects(cmd.Consumer, e.message(nil))
+		if err != nil {
+			return res, fmt.Errorf("replay: %w", err)
 		}
-		evs = kept
-	case s.cfg.Broker == nil && known:
-		evs = matching(evs, filter)
+		if yes {
+			kept = append(kept, e)
+		}
 	}
+	evs = kept
 	if len(evs) > cmd.Max {
 		return res, fmt.Errorf("replay: %d events selected, more than max %d: narrow the time range or raise max", len(evs), cmd.Max)
 	}
@@ -125,16 +113,12 @@ ORDER BY aggregate_id, aggregate_seq`, ids, cmd.AggregateType, since, until)
 
 	var sent int64
 	sendErr := func() error {
-		for start := 0; start < len(evs); start += sqsBatchSize {
+		for start := 0; start < len(evs); start += replayChunk {
 			if err := ctx.Err(); err != nil {
 				return fmt.Errorf("stopped after %d of %d events: %w", sent, len(evs), err)
 			}
-			chunk := evs[start:min(start+sqsBatchSize, len(evs))]
-			send := func() error { return s.sendChunk(ctx, q.QueueURL, auditID, chunk) }
-			if s.cfg.Broker != nil {
-				send = func() error { return s.brokerChunk(ctx, cmd.Consumer, chunk) }
-			}
-			if err := send(); err != nil {
+			chunk := evs[start:min(start+replayChunk, len(evs))]
+			if err := s.replayChunk(ctx, ops, cmd.Consumer, chunk); err != nil {
 				return fmt.Errorf("after %d of %d events: %w", sent, len(evs), err)
 			}
 			sent += int64(len(chunk))
@@ -155,37 +139,25 @@ ORDER BY aggregate_id, aggregate_seq`, ids, cmd.AggregateType, since, until)
 	return res, nil
 }
 
-// brokerSelector is a broker that can say which events a consumer's queue
-// receives (pkg/transport/amqp.Operations: its bindings).
-type brokerSelector interface {
-	Selects(consumer string, m outbox.Message) (bool, error)
+// message is e as the transport sends it, with body.
+func (e replayEvent) message(body []byte) outbox.Message {
+	return outbox.Message{ID: e.id, EventID: e.eventID, GroupID: e.aggID, AggregateType: e.aggType,
+		Sequence: e.seq, EventType: e.eventType, Body: body, Attributes: e.attrs(), Attempt: 1}
 }
 
-func matching(evs []replayEvent, c topology.Consumer) []replayEvent {
-	out := evs[:0]
-	for _, e := range evs {
-		if c.Matches(e.attrs()) {
-			out = append(out, e)
-		}
-	}
-	return out
-}
-
-// brokerChunk replays one chunk through another transport's broker
-// (Config.Broker), in order.
-func (s *Service) brokerChunk(ctx context.Context, consumer string, chunk []replayEvent) error {
+// replayChunk sends one chunk through the transport, in order.
+func (s *Service) replayChunk(ctx context.Context, ops transport.Operations, consumer string, chunk []replayEvent) error {
 	bodies, err := s.bodies(ctx, chunk)
 	if err != nil {
 		return err
 	}
 	msgs := make([]outbox.Message, len(chunk))
 	for i, e := range chunk {
-		msgs[i] = outbox.Message{ID: e.id, EventID: e.eventID, GroupID: e.aggID, DedupID: e.eventID, AggregateType: e.aggType,
-			Sequence: e.seq, EventType: e.eventType, Body: bodies[e.id], Attributes: e.attrs(), Attempt: 1}
+		msgs[i] = e.message(bodies[e.id])
 	}
-	sent, err := s.cfg.Broker.Replay(ctx, consumer, msgs)
+	sent, err := ops.Replay(ctx, consumer, msgs)
 	if err == nil && sent != len(msgs) {
-		err = fmt.Errorf("broker took %d of %d events", sent, len(msgs))
+		err = fmt.Errorf("the transport took %d of %d events", sent, len(msgs))
 	}
 	return err
 }
@@ -219,44 +191,4 @@ func (s *Service) bodies(ctx context.Context, chunk []replayEvent) (map[int64][]
 		}
 	}
 	return bodies, nil
-}
-
-// sendChunk sends one batch in order; any failed entry fails the chunk (the
-// entries after it in the same group must not overtake it).
-func (s *Service) sendChunk(ctx context.Context, queueURL string, auditID int64, chunk []replayEvent) error {
-	bodies, err := s.bodies(ctx, chunk)
-	if err != nil {
-		return err
-	}
-	entries := make([]sqstypes.SendMessageBatchRequestEntry, len(chunk))
-	for i, e := range chunk {
-		b := bodies[e.id]
-		attrs := map[string]sqstypes.MessageAttributeValue{}
-		for k, v := range e.attrs() {
-			attrs[k] = sqstypes.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(v)}
-		}
-		entries[i] = sqstypes.SendMessageBatchRequestEntry{
-			Id:                     aws.String(fmt.Sprintf("e%d", i)),
-			MessageBody:            aws.String(string(b)),
-			MessageGroupId:         aws.String(e.aggID),
-			MessageDeduplicationId: aws.String(fmt.Sprintf("replay-%d-%s", auditID, e.eventID)),
-			MessageAttributes:      attrs,
-		}
-	}
-	return sendBatch(ctx, s.sqs, queueURL, entries)
-}
-
-func sendBatch(ctx context.Context, api SQSAPI, queueURL string, entries []sqstypes.SendMessageBatchRequestEntry) error {
-	out, err := api.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: aws.String(queueURL), Entries: entries})
-	if err != nil {
-		return fmt.Errorf("send message batch: %w", err)
-	}
-	if len(out.Failed) > 0 {
-		var msgs []string
-		for _, f := range out.Failed {
-			msgs = append(msgs, aws.ToString(f.Id)+": "+aws.ToString(f.Code)+" "+aws.ToString(f.Message))
-		}
-		return fmt.Errorf("send message batch: %d of %d entries failed: %s", len(out.Failed), len(entries), strings.Join(msgs, "; "))
-	}
-	return nil
 }

@@ -75,7 +75,7 @@ func TestRequeueDeadPublishesInOrder(t *testing.T) {
 	enqueue(t, db, other)
 	rec := &outboxtest.Recorder{Fail: func(m outbox.Message) error {
 		if poison[m.EventID] {
-			return outbox.Permanent(errors.New("rejected"))
+			return envelope.Permanent(errors.New("rejected"))
 		}
 		return nil
 	}}
@@ -85,7 +85,7 @@ func TestRequeueDeadPublishesInOrder(t *testing.T) {
 		t.Fatalf("before requeue: stats %+v, %d acked", st, rec.Len())
 	}
 
-	svc, err := redrive.New(db.Pool, nil, redrive.Config{Logger: quiet})
+	svc, err := redrive.New(db.Pool, redrive.Config{Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +161,7 @@ func TestDiscardDeadResumesItsAggregate(t *testing.T) {
 	enqueue(t, db, a1, a2, a3, a4, b1)
 	rec := &outboxtest.Recorder{Fail: func(m outbox.Message) error {
 		if m.EventID == a2.ID {
-			return outbox.Permanent(errors.New("InvalidParameter: message too long"))
+			return envelope.Permanent(errors.New("InvalidParameter: message too long"))
 		}
 		return nil
 	}}
@@ -169,7 +169,7 @@ func TestDiscardDeadResumesItsAggregate(t *testing.T) {
 	if st, _ := outbox.Stats(ctx, db.Pool); st.Dead != 1 || st.ParkedEvents != 3 || rec.Len() != 2 {
 		t.Fatalf("before discard: %+v, %d acked", st, rec.Len())
 	}
-	svc, err := redrive.New(db.Pool, nil, redrive.Config{Logger: quiet})
+	svc, err := redrive.New(db.Pool, redrive.Config{Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +222,7 @@ func TestDiscardDeadResumesItsAggregate(t *testing.T) {
 
 func TestUnknownOperationAndStatus(t *testing.T) {
 	db := pgtest.New(t)
-	svc, _ := redrive.New(db.Pool, nil, redrive.Config{Logger: quiet})
+	svc, _ := redrive.New(db.Pool, redrive.Config{Logger: quiet})
 	if _, err := svc.Execute(context.Background(), redrive.Command{Operation: "explode"}); err == nil {
 		t.Fatal("unknown operation accepted")
 	}
@@ -230,8 +230,5 @@ func TestUnknownOperationAndStatus(t *testing.T) {
 	res, err := svc.Execute(context.Background(), redrive.Command{Operation: redrive.OpStatus})
 	if err != nil || res.Status == nil || res.Status.Backlog.Pending != 1 {
 		t.Fatalf("status %+v %v", res, err)
-	}
-	if _, err := redrive.ParseQueues(`{"c":{"queue_url":"q"}}`); err == nil {
-		t.Fatal("queue without dlq accepted")
 	}
 }

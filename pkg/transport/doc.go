@@ -1,6 +1,7 @@
 // Package transport is the seam between fifobox's broker-free core and the
-// brokers it publishes through: SNS/SQS FIFO (the default), RabbitMQ /
-// Amazon MQ (pkg/transport/amqp) and NATS JetStream.
+// brokers it publishes through: SNS/SQS FIFO (pkg/transport/sns, the
+// default), RabbitMQ / Amazon MQ (pkg/transport/amqp) and NATS JetStream
+// (pkg/transport/nats).
 //
 // The layering, from the database outwards:
 //
@@ -8,34 +9,44 @@
 //	pkg/outbox      Enqueue in the caller's transaction, the claim, the
 //	                Dispatcher and the Publisher interface; no broker imports
 //	pkg/inbox       Process: a side effect applied once per (consumer,
-//	                event id), in the same transaction as the inbox claim
-//	pkg/transport   this package: the small interfaces a broker implements,
-//	                the choice of broker by configuration, and the
-//	                broker-neutral parts of consuming (Process, Lanes,
-//	                RetryPolicy); no broker imports either
-//	pkg/transport/* one package per broker, each implementing the same four
-//	                parts: a Publisher (outbox.Publisher), a Provisioner
-//	                (topology as data, set up idempotently), a consumer
-//	                Runner (and a Lambda handler where AWS has an event
-//	                source for it), and Operations (depths, redrive, replay)
+//	                event id), in the same transaction as the inbox claim;
+//	                Batch and BatchHandler over transport-neutral records;
+//	                no broker imports
+//	pkg/redrive     the operator's actions: database work, and the broker's
+//	                part through Operations; no broker imports
+//	pkg/transport   this package: the small interfaces a transport
+//	                implements, Open (the one constructor, from
+//	                FIFOBOX_TRANSPORT) and the broker-neutral parts of
+//	                consuming (Process, Lanes, RetryPolicy); no broker
+//	                imports either
+//	pkg/transport/* one package per transport, each implementing the same
+//	                four parts: a Publisher (outbox.Publisher), a
+//	                Provisioner (topology as data, set up idempotently), a
+//	                consumer Runner (and, where AWS has an event source for
+//	                it, a Lambda handler: LambdaConsumer), and Operations
+//	                (depths, redrive, replay); Transport bundles them and
+//	                the package registers it with Register in its init
 //
 // Imports point inwards only: a transport imports outbox, inbox and this
-// package; outbox and inbox never import a transport, so deleting a
-// transport's directory leaves the core building
-// (`go list -deps ./pkg/outbox ./pkg/inbox | grep transport` prints nothing).
+// package; outbox, inbox and redrive never import a transport, so deleting
+// a transport's directory leaves the core building
+// (`go list -deps ./pkg/outbox ./pkg/inbox ./pkg/redrive | grep transport/`
+// prints nothing). Programs choose their transports by importing the
+// packages (the Lambdas through pkg/lambdafn, the CLI, make local); only
+// the transport packages know which kind they are.
 //
 // What every transport must keep, whatever its broker calls things:
 //   - Publish returns nil for a message only once the broker has durably
 //     accepted it (a publisher confirm, a JetStream ack, an SNS 200 entry),
-//     outbox.Permanent only when no retry can help, and a plain error
+//     envelope.Permanent only when no retry can help, and a plain error
 //     otherwise. The dispatcher publishes an aggregate's event N+1 only after
 //     N's Publish returned nil, so a transport keeps per-aggregate order at
 //     the broker by acknowledging honestly; it never reorders on its own.
-//   - A consumer acknowledges a message only after inbox.Process committed
-//     (Process in this package does the decoding and classification), retries
-//     transient failures with backoff without letting a later event of the same
-//     aggregate overtake, and sends invalid or permanently failing messages to
-//     its dead-letter queue at once with the reason.
+//   - A consumer acknowledges a message only after its inbox transaction
+//     committed, retries transient failures with backoff without letting a
+//     later event of the same aggregate overtake, and sends invalid or
+//     permanently failing messages to its dead-letter queue at once with the
+//     reason.
 //   - Operations move dead messages back in the order they died, and replay
 //     re-sends stored events to one consumer only.
 package transport

@@ -93,7 +93,7 @@ func verdict(e envelope.Envelope, out inbox.Outcome, err error) (res Result) {
 	switch {
 	case err == nil:
 		res.Verdict, res.Outcome = Ack, out
-	case inbox.IsPermanent(err):
+	case envelope.IsPermanent(err):
 		res.Verdict, res.Class, res.Err = DeadLetter, inbox.ClassPermanent, err
 	default:
 		res.Verdict, res.Class, res.Err = Retry, inbox.ClassTransient, err

@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -54,7 +55,7 @@ func KindFromEnv() (Kind, error) {
 // Publisher is what the dispatcher publishes through. It is outbox.Publisher
 // itself, named here so each transport's four parts read together; see its
 // contract there (per-message results: nil once the broker acknowledged,
-// outbox.Permanent when no retry can help, any other error to retry).
+// envelope.Permanent when no retry can help, any other error to retry).
 type Publisher = outbox.Publisher
 
 // Provisioner creates a transport's topology (exchanges, topics, streams,
@@ -90,6 +91,12 @@ type QueueDepth struct {
 	Retrying int64 `json:"retrying"`
 	// DLQ counts dead messages.
 	DLQ int64 `json:"dlq"`
+	// DLQInFlight counts dead messages received from the DLQ and not yet
+	// deleted (SQS: a redrive or a look at the DLQ in progress).
+	DLQInFlight int64 `json:"dlq_in_flight"`
+	// SubscriptionDLQ counts messages the broker could not deliver to the
+	// consumer's queue (SNS subscriptions' DLQs; 0 where there is none).
+	SubscriptionDLQ int64 `json:"subscription_dlq"`
 	// Consumers counts attached consumers (for single-active-consumer
 	// queues, one is active and the rest are standing by).
 	Consumers int `json:"consumers"`
@@ -97,35 +104,97 @@ type QueueDepth struct {
 	Error string `json:"error,omitempty"`
 }
 
+// DLQ names one of a consumer's dead-letter queues.
+type DLQ string
+
+const (
+	// ConsumerDLQ is the dead-letter queue of the consumer's queue: what the
+	// consumer could not apply. Every transport has it.
+	ConsumerDLQ DLQ = "dlq"
+	// SubscriptionDLQ holds what the broker could not deliver to the
+	// consumer's queue at all (an SNS subscription's DLQ: a disabled KMS
+	// key, a changed queue policy). Only SNS has it.
+	SubscriptionDLQ DLQ = "subscription-dlq"
+)
+
+// ErrNoSuchDLQ is returned (wrapped) by Redrive for a dead-letter queue the
+// transport does not have.
+var ErrNoSuchDLQ = errors.New("the transport has no such dead-letter queue")
+
+// RedriveRequest is what Operations.Redrive moves.
+type RedriveRequest struct {
+	// Consumer names the consumer. Required.
+	Consumer string
+	// From is the dead-letter queue to move from; "" is ConsumerDLQ.
+	From DLQ
+	// Max bounds how many messages move (at least 1).
+	Max int
+	// DryRun counts what would move and moves nothing.
+	DryRun bool
+	// Progress, if set, is called as messages move: moved so far of total
+	// (-1 if unknown).
+	Progress func(moved, total int64)
+}
+
+// RedriveResult is what a redrive moved (or, in a dry run, would move).
+type RedriveResult struct {
+	// Moved counts messages moved back to the consumer's queue (in a dry
+	// run: that would be, at most Max).
+	Moved int
+	// Left counts messages dead-lettered again while the redrive ran: they
+	// stay for the next redrive, so a redrive ends instead of cycling
+	// messages between the queues.
+	Left int
+	// Waiting is about how many messages the dead-letter queue held when
+	// the redrive started; -1 if the broker cannot say.
+	Waiting int64
+	// InFlight is how many of them were received by someone else and not
+	// yet settled; -1 if the broker cannot say.
+	InFlight int64
+}
+
 // Operations are the operator's actions that depend on the broker. The
 // database side of each (audit rows, deleting inbox rows before a replay,
-// choosing which outbox rows to replay) stays in pkg/redrive.
+// choosing which outbox rows to replay, held groups) stays in pkg/redrive,
+// which works through this interface alone, whatever the transport.
 type Operations interface {
 	// Depths reports each named consumer's figures (every consumer when
-	// none is named).
+	// none is named). A queue that cannot be read has its Error set.
 	Depths(ctx context.Context, consumers ...string) ([]QueueDepth, error)
-	// Redrive moves up to max messages from the consumer's dead-letter
+	// Redrive moves up to Max messages from the consumer's dead-letter
 	// queue back to its queue, in the order they died, each with a fresh
 	// retry budget and without the dead-letter diagnostics. A crash midway
-	// may deliver a message twice; the inbox drops the copy.
-	Redrive(ctx context.Context, consumer string, max int) (moved int, err error)
+	// may deliver a message twice; the inbox drops the copy. A dead-letter
+	// queue the transport does not have is ErrNoSuchDLQ.
+	Redrive(ctx context.Context, req RedriveRequest) (RedriveResult, error)
 	// Replay sends stored events to one consumer only, in the order given
 	// (the caller orders them by aggregate and sequence and clears the
-	// consumer's inbox rows for them first, so they apply again).
+	// consumer's inbox rows for them first, so they apply again). Each call
+	// uses deduplication ids of its own, so a replay is never dropped as a
+	// duplicate of the original delivery.
 	Replay(ctx context.Context, consumer string, msgs []outbox.Message) (sent int, err error)
+	// Selects reports whether the consumer receives m (its bindings,
+	// filter subjects or subscription filter): replay sends a consumer only
+	// the events it would have received.
+	Selects(consumer string, m outbox.Message) (bool, error)
 }
 
 // Transport bundles one broker's implementations, so the wiring (Lambda
-// mains, the CLI, make local) chooses a broker in one place and uses the
-// same calls whichever it is.
+// mains, the CLI, make local) opens a transport in one place (Open) and
+// uses the same calls whichever it is. An accessor returns an error when
+// the transport's configuration lacks what that use needs (SNS: a topic
+// ARN to publish), naming the variable.
 type Transport interface {
 	Kind() Kind
+	// String describes the broker and its topology in one line, without
+	// credentials (make local prints it).
+	String() string
 	// Publisher is safe for the dispatcher's concurrent Publish calls.
-	Publisher() Publisher
-	Provisioner() Provisioner
-	Operations() Operations
+	Publisher() (Publisher, error)
+	Provisioner() (Provisioner, error)
+	Operations() (Operations, error)
 	// Consumer returns a runner applying the named consumer's messages
-	// with apply through the inbox in db.
+	// with apply through the inbox in db, as a long-running process.
 	Consumer(name string, db inbox.DB, apply inbox.Apply) (Runner, error)
 	// Close releases connections. Runners already returned stop on their own
 	// context, not on Close.

@@ -173,7 +173,7 @@ func TestProcess(t *testing.T) {
 		{"duplicate", body, ok, transport.Ack, inbox.Duplicate, ""},
 		{"invalid", []byte(`{"v":1,"id":"x"}`), ok, transport.DeadLetter, 0, inbox.ClassInvalid},
 		{"permanent", mustEncode(t, event(t)), func(context.Context, pgx.Tx, envelope.Envelope) error {
-			return inbox.Permanent(errors.New("no such customer"))
+			return envelope.Permanent(errors.New("no such customer"))
 		}, transport.DeadLetter, 0, inbox.ClassPermanent},
 		{"transient", mustEncode(t, event(t)), func(context.Context, pgx.Tx, envelope.Envelope) error {
 			return errors.New("downstream timeout")

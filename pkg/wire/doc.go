@@ -11,7 +11,7 @@
 // message into a Message (body, typed headers, message id, timestamp,
 // destination, group and deduplication ids), and each transport's publisher
 // copies that onto its own API (pkg/transport/amqp, pkg/transport/nats,
-// pkg/outbox/snspub). It imports no broker client.
+// pkg/transport/sns). It imports no broker client.
 //
 // A profile's body is a JSON template. String values name event fields in
 // braces, e.g.

@@ -16,33 +16,25 @@ import (
 	"github.com/fifobox/fifobox/pkg/lambdafn/consumer"
 	"github.com/fifobox/fifobox/pkg/metrics"
 	"github.com/fifobox/fifobox/pkg/readmodel"
+	"github.com/fifobox/fifobox/pkg/transport/nats"
+	"github.com/fifobox/fifobox/pkg/transport/sns"
 )
 
 func TestConfigFromEnv(t *testing.T) {
 	tests := []struct {
-		name, consumer, dlq, wantErr string
-		env                          map[string]string
+		name, consumer, wantErr string
+		env                     map[string]string
 	}{
-		{"ok", "orders-projection", "http://q/dlq", "", nil},
-		{"no name", "", "http://q/dlq", "FIFOBOX_CONSUMER_NAME", nil},
-		{"no dlq", "orders-projection", "", "FIFOBOX_DLQ_URL", nil},
-		{"relaxed", "c", "d", "", map[string]string{"FIFOBOX_CONSUMER_ORDER": "relaxed", "FIFOBOX_MAX_RECEIVE_COUNT": "5",
-			"FIFOBOX_DEADLINE_MARGIN": "2s", "FIFOBOX_LOG_AGGREGATE_IDS": "true"}},
-		{"bad order", "c", "d", "FIFOBOX_CONSUMER_ORDER", map[string]string{"FIFOBOX_CONSUMER_ORDER": "loose"}},
-		{"bad max receive", "c", "d", "FIFOBOX_MAX_RECEIVE_COUNT", map[string]string{"FIFOBOX_MAX_RECEIVE_COUNT": "0"}},
-		{"bad margin", "c", "d", "FIFOBOX_DEADLINE_MARGIN", map[string]string{"FIFOBOX_DEADLINE_MARGIN": "soon"}},
-		{"bad log flag", "c", "d", "FIFOBOX_LOG_AGGREGATE_IDS", map[string]string{"FIFOBOX_LOG_AGGREGATE_IDS": "maybe"}},
-		{"rabbitmq needs no dlq url", "c", "", "", map[string]string{"FIFOBOX_TRANSPORT": "rabbitmq"}},
-		{"rabbitmq refuses a dlq url", "c", "d", "FIFOBOX_DLQ_URL", map[string]string{"FIFOBOX_TRANSPORT": "rabbitmq"}},
-		{"nats has no event source", "c", "", "FIFOBOX_TRANSPORT", map[string]string{"FIFOBOX_TRANSPORT": "nats"}},
-		{"unknown transport", "c", "d", "FIFOBOX_TRANSPORT", map[string]string{"FIFOBOX_TRANSPORT": "kafka"}},
-		{"sns names both", "c", "", "FIFOBOX_TRANSPORT=sns", map[string]string{"FIFOBOX_TRANSPORT": "sns"}},
+		{"ok", "orders-projection", "", nil},
+		{"no name", "", "FIFOBOX_CONSUMER_NAME", nil},
+		{"margin and logs", "c", "", map[string]string{"FIFOBOX_DEADLINE_MARGIN": "2s", "FIFOBOX_LOG_AGGREGATE_IDS": "true"}},
+		{"bad margin", "c", "FIFOBOX_DEADLINE_MARGIN", map[string]string{"FIFOBOX_DEADLINE_MARGIN": "soon"}},
+		{"bad log flag", "c", "FIFOBOX_LOG_AGGREGATE_IDS", map[string]string{"FIFOBOX_LOG_AGGREGATE_IDS": "maybe"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Setenv("FIFOBOX_CONSUMER_NAME", tt.consumer)
-			t.Setenv("FIFOBOX_DLQ_URL", tt.dlq)
-			for _, k := range []string{"FIFOBOX_CONSUMER_ORDER", "FIFOBOX_MAX_RECEIVE_COUNT", "FIFOBOX_DEADLINE_MARGIN", "FIFOBOX_LOG_AGGREGATE_IDS", "FIFOBOX_TRANSPORT"} {
+			for _, k := range []string{"FIFOBOX_DEADLINE_MARGIN", "FIFOBOX_LOG_AGGREGATE_IDS"} {
 				t.Setenv(k, tt.env[k])
 			}
 			_, err := consumer.ConfigFromEnv()
@@ -56,9 +48,35 @@ func TestConfigFromEnv(t *testing.T) {
 	}
 }
 
+// The consumer function's handler comes from the transport's Lambda event
+// source; a transport without one (NATS) and an SNS deployment without its
+// DLQ fail init naming the variable.
+func TestNewNeedsALambdaEventSource(t *testing.T) {
+	cfg := consumer.Config{Consumer: "c"}
+	natsT, err := nats.New(nats.Config{URL: nats.DefaultURL, Topology: nats.Holdco()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := consumer.New(natsT, nil, readmodel.Apply, nil, cfg); err == nil || !strings.Contains(err.Error(), "FIFOBOX_TRANSPORT=nats") {
+		t.Fatalf("nats: error %v, want one naming FIFOBOX_TRANSPORT=nats", err)
+	}
+	snsT, err := sns.New(sns.Config{SNS: noSNS{}, SQS: &dlq{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := consumer.New(snsT, nil, readmodel.Apply, nil, cfg); err == nil || !strings.Contains(err.Error(), "FIFOBOX_DLQ_URL") ||
+		!strings.Contains(err.Error(), "FIFOBOX_TRANSPORT=sns") {
+		t.Fatalf("sns without a DLQ: error %v, want one naming FIFOBOX_DLQ_URL and FIFOBOX_TRANSPORT=sns", err)
+	}
+}
+
+// noSNS is an SNS client the consumer never calls.
+type noSNS struct{ sns.SNSAPI }
+
 type dlq struct {
-	mu   sync.Mutex
-	sent int
+	sns.SQSAPI // only SendMessage is called
+	mu         sync.Mutex
+	sent       int
 }
 
 func (d *dlq) SendMessage(context.Context, *sqs.SendMessageInput, ...func(*sqs.Options)) (*sqs.SendMessageOutput, error) {
@@ -84,10 +102,18 @@ func TestOrdersProjectionBatch(t *testing.T) {
 	db := pgtest.New(t)
 	var out bytes.Buffer
 	d := &dlq{}
-	h, err := consumer.New(db.Pool, d, readmodel.ForConsumer("orders-projection"), metrics.New(&out, ""),
-		consumer.Config{Consumer: "orders-projection", DLQURL: "http://dlq"})
+	tr, err := sns.New(sns.Config{SNS: noSNS{}, SQS: d, DLQURL: "http://dlq"})
 	if err != nil {
 		t.Fatal(err)
+	}
+	fn, err := consumer.New(tr, db.Pool, readmodel.ForConsumer("orders-projection"), metrics.New(&out, ""),
+		consumer.Config{Consumer: "orders-projection"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handle, ok := fn.(func(context.Context, events.SQSEvent) (events.SQSEventResponse, error))
+	if !ok {
+		t.Fatalf("handler is a %T, want an SQS batch handler", fn)
 	}
 	created, _ := envelope.New("order.created", "order", "o-1", readmodel.OrderEvent{OrderID: "o-1", AmountCents: 500, Currency: "EUR"})
 	created.Sequence = 1
@@ -98,7 +124,7 @@ func TestOrdersProjectionBatch(t *testing.T) {
 		record(t, "3", paid),
 		{MessageId: "4", Body: `{"v":1,"id":"not-a-uuid"}`, Attributes: map[string]string{"MessageGroupId": "o-2"}},
 	}}
-	resp, err := h.Handle(context.Background(), batch)
+	resp, err := handle(context.Background(), batch)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,19 +24,10 @@ import (
 	"github.com/fifobox/fifobox/pkg/envspec"
 	"github.com/fifobox/fifobox/pkg/metrics"
 	"github.com/fifobox/fifobox/pkg/outbox"
-	"github.com/fifobox/fifobox/pkg/transport"
 )
 
 // Config configures the handler.
 type Config struct {
-	// Transport is the broker the function's publisher sends to
-	// (FIFOBOX_TRANSPORT; default SNS). The handler does not use it.
-	Transport transport.Kind
-	// TopicARN is the SNS FIFO topic the function's publisher sends to
-	// (required with SNS). The handler does not use it; ConfigFromEnv reads
-	// it with the other settings so a missing one fails init with the
-	// variable's name.
-	TopicARN string
 	// Dispatcher tunes the outbox dispatcher (batch size, deadline margin...).
 	Dispatcher outbox.DispatcherConfig
 	// MetricsInterval is how often the backlog gauges and batch counts are
@@ -78,10 +69,10 @@ func (c Config) Validate() error {
 }
 
 // Env is every variable ConfigFromEnv reads (declare a new one here; the
-// runtime contract tests check the CDK template against this list).
+// runtime contract tests check the CDK template against this list). Where
+// the dispatcher publishes (FIFOBOX_TRANSPORT and that transport's
+// settings) is transport.RegisteredEnv's.
 var Env = envspec.Set{
-	{Name: transport.EnvTransport, Doc: "sns (default), rabbitmq or nats: where the dispatcher publishes (the broker's own settings: lambdafn.BrokerEnv)"},
-	{Name: "FIFOBOX_TOPIC_ARN", Doc: "the SNS FIFO topic's ARN (required with sns)"},
 	{Name: "FIFOBOX_BATCH_SIZE", Doc: "most events one claim takes (positive integer, default 500)"},
 	{Name: "FIFOBOX_MAX_RUN", Doc: "most consecutive events of one aggregate per claim while other aggregates compete (positive integer, default a quarter of the batch; extended when the batch has room)"},
 	{Name: "FIFOBOX_RUN_BUDGET", Doc: "time one aggregate's run may take to publish (Go duration, default 100ms)"},
@@ -94,25 +85,14 @@ var Env = envspec.Set{
 	{Name: "FIFOBOX_LOG_AGGREGATE_IDS", Doc: "log aggregate ids (true/false, default false: they may carry personal data)"},
 }
 
-// ConfigFromEnv reads FIFOBOX_TRANSPORT (default sns), FIFOBOX_TOPIC_ARN
-// (required with sns, refused otherwise) and the optional knobs: FIFOBOX_BATCH_SIZE,
+// ConfigFromEnv reads the optional knobs: FIFOBOX_BATCH_SIZE,
 // FIFOBOX_MAX_RUN, FIFOBOX_PUBLISH_CONCURRENCY, FIFOBOX_MAX_ATTEMPTS (0: no
 // cap), FIFOBOX_RETRY_FOR, FIFOBOX_RUN_BUDGET, FIFOBOX_POLL_INTERVAL,
 // FIFOBOX_DEADLINE_MARGIN and FIFOBOX_METRICS_INTERVAL (durations such as
 // "50ms", "3s", "24h"), FIFOBOX_LOG_AGGREGATE_IDS (true/false). Unset ones
 // keep their defaults; a bad value is an error naming the variable.
 func ConfigFromEnv() (Config, error) {
-	kind, err := transport.ParseKind(Env.Get(transport.EnvTransport))
-	if err != nil {
-		return Config{}, fmt.Errorf("%s: %w", transport.EnvTransport, err)
-	}
-	c := Config{Transport: kind, TopicARN: Env.Get("FIFOBOX_TOPIC_ARN")}
-	switch {
-	case kind == transport.SNS && c.TopicARN == "":
-		return c, errors.New("FIFOBOX_TOPIC_ARN is required with FIFOBOX_TRANSPORT=sns (the default): the SNS FIFO topic's ARN")
-	case kind != transport.SNS && c.TopicARN != "":
-		return c, fmt.Errorf("FIFOBOX_TOPIC_ARN is set, but %s=%s publishes to the broker, not SNS: remove one", transport.EnvTransport, kind)
-	}
+	var c Config
 	ints := []struct {
 		name string
 		dst  *int

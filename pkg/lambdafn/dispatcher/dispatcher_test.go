@@ -10,7 +10,6 @@ import (
 	"io"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -273,33 +272,10 @@ func TestOverlappingInvocations(t *testing.T) {
 }
 
 func TestConfigFromEnv(t *testing.T) {
-	t.Setenv("FIFOBOX_TOPIC_ARN", "")
-	t.Setenv("FIFOBOX_TRANSPORT", "")
-	if _, err := dispatcher.ConfigFromEnv(); err == nil || !strings.Contains(err.Error(), "FIFOBOX_TOPIC_ARN") || !strings.Contains(err.Error(), "FIFOBOX_TRANSPORT") {
-		t.Fatalf("no topic: err %v, want one naming FIFOBOX_TOPIC_ARN and FIFOBOX_TRANSPORT", err)
-	}
-	// A broker transport needs no topic, and refuses one (it would be unused).
-	for _, kind := range []string{"rabbitmq", "nats"} {
-		t.Setenv("FIFOBOX_TRANSPORT", kind)
-		if c, err := dispatcher.ConfigFromEnv(); err != nil || string(c.Transport) != kind {
-			t.Fatalf("%s without a topic: %+v %v", kind, c, err)
-		}
-	}
-	const topic = "arn:aws:sns:us-east-1:000000000000:fifobox-events.fifo"
-	t.Setenv("FIFOBOX_TOPIC_ARN", topic)
-	if _, err := dispatcher.ConfigFromEnv(); err == nil || !strings.Contains(err.Error(), "FIFOBOX_TOPIC_ARN") {
-		t.Fatalf("nats with a topic: err %v, want one naming FIFOBOX_TOPIC_ARN", err)
-	}
-	t.Setenv("FIFOBOX_TRANSPORT", "kafka")
-	if _, err := dispatcher.ConfigFromEnv(); err == nil || !strings.Contains(err.Error(), "FIFOBOX_TRANSPORT") {
-		t.Fatalf("kafka: err %v, want one naming FIFOBOX_TRANSPORT", err)
-	}
-	t.Setenv("FIFOBOX_TRANSPORT", "sns")
-	t.Setenv("FIFOBOX_TOPIC_ARN", topic)
 	t.Setenv("FIFOBOX_BATCH_SIZE", "200")
 	t.Setenv("FIFOBOX_POLL_INTERVAL", "20ms")
 	c, err := dispatcher.ConfigFromEnv()
-	if err != nil || c.TopicARN != topic || c.Dispatcher.BatchSize != 200 || c.Dispatcher.PollInterval != 20*time.Millisecond {
+	if err != nil || c.Dispatcher.BatchSize != 200 || c.Dispatcher.PollInterval != 20*time.Millisecond {
 		t.Fatalf("%+v %v", c, err)
 	}
 	t.Setenv("FIFOBOX_RETRY_FOR", "6h")

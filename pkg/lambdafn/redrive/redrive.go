@@ -44,13 +44,11 @@ func (c Config) checkDefault() error {
 	return redrive.CheckOperation(c.DefaultOperation)
 }
 
-// Env is every variable the redrive function's init reads: ConfigFromEnv's,
-// and FIFOBOX_QUEUES, which functions/redrive hands to redrive.ParseQueues
-// (declare a new one here; the runtime contract tests check the CDK
-// template against this list).
+// Env is every variable ConfigFromEnv reads (declare a new one here; the
+// runtime contract tests check the CDK template against this list). The
+// transport's (FIFOBOX_QUEUES for sns) are transport.RegisteredEnv's.
 var Env = envspec.Set{
 	{Name: "FIFOBOX_DEFAULT_OPERATION", Doc: "operation run when the event names none (the deploy trigger's migrate)"},
-	{Name: "FIFOBOX_QUEUES", Doc: `consumer queues as JSON {"<consumer>":{"queue_url":"...","dlq_url":"..."}}; unset: database-only operations`},
 }
 
 // ConfigFromEnv reads FIFOBOX_DEFAULT_OPERATION and checks it names an

@@ -62,7 +62,7 @@ func message(e envelope.Envelope) outbox.Message {
 	if err != nil {
 		panic(err)
 	}
-	return outbox.Message{EventID: e.ID, GroupID: e.AggregateID, DedupID: e.ID, AggregateType: e.AggregateType,
+	return outbox.Message{EventID: e.ID, GroupID: e.AggregateID, AggregateType: e.AggregateType,
 		Sequence: e.Sequence, EventType: e.Type, Body: body, Attributes: e.Attributes(), Attempt: 1}
 }
 

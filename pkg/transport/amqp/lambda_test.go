@@ -14,7 +14,6 @@ import (
 
 	"github.com/fifobox/fifobox/internal/pgtest"
 	"github.com/fifobox/fifobox/pkg/envelope"
-	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/transport/amqp"
 )
@@ -100,7 +99,7 @@ func TestLambdaHandler(t *testing.T) {
 	d1 := newEvent("hold", "h-d", "hold.created", 1)
 	mu.Lock()
 	fail[c1.ID] = errors.New("inventory db timeout")
-	fail[d1.ID] = inbox.Permanent(errors.New("unknown venue"))
+	fail[d1.ID] = envelope.Permanent(errors.New("unknown venue"))
 	mu.Unlock()
 	for _, batch := range [][]envelope.Envelope{{a1, c1, d1}, {c2}} {
 		var msgs []outbox.Message

@@ -110,7 +110,32 @@ func inspect(conn *amqp091.Connection, queue string) (amqp091.Queue, error) {
 	return q, nil
 }
 
-// Redrive moves up to max messages from the consumer's DLQ back to its
+// Redrive is transport.Operations.Redrive: the consumer's DLQ (the only
+// dead-letter queue this transport has) through redrive, or in a dry run
+// its depth.
+func (o *Operations) Redrive(ctx context.Context, req transport.RedriveRequest) (transport.RedriveResult, error) {
+	res := transport.RedriveResult{Waiting: -1, InFlight: -1}
+	if req.From != "" && req.From != transport.ConsumerDLQ {
+		return res, fmt.Errorf("redrive: %s: %w", req.From, transport.ErrNoSuchDLQ)
+	}
+	if req.DryRun {
+		d, err := o.Depths(ctx, req.Consumer)
+		if err != nil {
+			return res, fmt.Errorf("redrive: %w", err)
+		}
+		if len(d) != 1 || d[0].DLQ < 0 {
+			return res, fmt.Errorf("redrive: the DLQ depth of %s is unknown: %v", req.Consumer, d)
+		}
+		res.Waiting = d[0].DLQ
+		res.Moved = int(min(d[0].DLQ, int64(req.Max)))
+		return res, nil
+	}
+	n, err := o.redrive(ctx, req.Consumer, req.Max, req.Progress)
+	res.Moved = n
+	return res, err
+}
+
+// redrive moves up to max messages from the consumer's DLQ back to its
 // queue in DLQ order: it takes a batch with basic.get (unacknowledged),
 // publishes it to the queue on one confirm channel (so the queue receives
 // them in the same order), waits for the confirms, then acknowledges the
@@ -119,7 +144,7 @@ func inspect(conn *amqp091.Connection, queue string) (amqp091.Queue, error) {
 // budget) and x-fifobox-redriven incremented. If a publish fails, the batch
 // is returned to the DLQ; if the acknowledgement is lost after the publish,
 // the batch is moved again next time and the inbox drops the copies.
-func (o *Operations) Redrive(ctx context.Context, consumer string, max int) (int, error) {
+func (o *Operations) redrive(ctx context.Context, consumer string, max int, progress func(moved, total int64)) (int, error) {
 	c, err := o.consumer(consumer)
 	if err != nil {
 		return 0, fmt.Errorf("redrive: %w", err)
@@ -177,6 +202,9 @@ func (o *Operations) Redrive(ctx context.Context, consumer string, max int) (int
 			return moved, fmt.Errorf("redrive: acknowledge in %s (the batch was re-sent; the inbox drops copies): %w", c.DLQName(), err)
 		}
 		moved += len(batch)
+		if progress != nil {
+			progress(int64(moved), -1)
+		}
 		o.cfg.Logger.Info("amqp redrive: moved a batch", "consumer", c.Name, "moved", moved)
 	}
 	return moved, nil

@@ -17,6 +17,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/fifobox/fifobox/pkg/envspec"
+	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/transport"
 	"github.com/fifobox/fifobox/pkg/wire"
@@ -40,13 +41,13 @@ var ProfileEnv = envspec.Join(wire.Env, envspec.Set{
 func (p *Publisher) wireMessage(m *outbox.Message) (outgoing, error) {
 	w, err := p.cfg.Wire.Render(m)
 	if err != nil {
-		return outgoing{}, outbox.Permanent(err)
+		return outgoing{}, envelope.Permanent(err)
 	}
 	if len(w.Body) > p.cfg.MaxMessageBytes {
-		return outgoing{}, outbox.Permanent(fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(w.Body), p.cfg.MaxMessageBytes))
+		return outgoing{}, envelope.Permanent(fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(w.Body), p.cfg.MaxMessageBytes))
 	}
 	if len(w.Destination) > 255 {
-		return outgoing{}, outbox.Permanent(fmt.Errorf("%w: %d bytes", ErrRoutingKey, len(w.Destination)))
+		return outgoing{}, envelope.Permanent(fmt.Errorf("%w: %d bytes", ErrRoutingKey, len(w.Destination)))
 	}
 	h := make(amqp091.Table, len(w.Headers))
 	for _, x := range w.Headers {

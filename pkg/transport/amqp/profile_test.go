@@ -10,6 +10,7 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/transport/amqp"
 	"github.com/fifobox/fifobox/pkg/transport/amqp/amqptest"
@@ -178,7 +179,7 @@ func TestProfilePublisherRenderErrorIsPermanent(t *testing.T) {
 	bad := message(newEvent("hold", "h-2", "hold.created", 1))
 	bad.Body = []byte("not json")
 	errs := pub.Publish(context.Background(), []outbox.Message{good, bad})
-	if errs[0] != nil || !outbox.IsPermanent(errs[1]) {
+	if errs[0] != nil || !envelope.IsPermanent(errs[1]) {
 		t.Fatalf("errors %v", errs)
 	}
 }

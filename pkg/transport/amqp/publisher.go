@@ -8,6 +8,7 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
 )
 
@@ -135,11 +136,11 @@ func (p *Publisher) message(m *outbox.Message, now time.Time) (outgoing, error) 
 		return p.wireMessage(m)
 	}
 	if len(m.Body) > p.cfg.MaxMessageBytes {
-		return outgoing{}, outbox.Permanent(fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(m.Body), p.cfg.MaxMessageBytes))
+		return outgoing{}, envelope.Permanent(fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(m.Body), p.cfg.MaxMessageBytes))
 	}
 	key := p.topo.routingKey.render(m)
 	if len(key) > 255 {
-		return outgoing{}, outbox.Permanent(fmt.Errorf("%w: %d bytes", ErrRoutingKey, len(key)))
+		return outgoing{}, envelope.Permanent(fmt.Errorf("%w: %d bytes", ErrRoutingKey, len(key)))
 	}
 	return outgoing{exchange: p.topo.Exchange.Name, key: key, msg: p.topo.publishing(m, now)}, nil
 }

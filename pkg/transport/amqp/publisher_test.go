@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/transport/amqp"
 )
@@ -100,7 +101,7 @@ func TestPublishOutcomes(t *testing.T) {
 
 	// Unroutable: no queue binds refund.issued.
 	err := publish(message(newEvent("refund", "r-1", "refund.issued", 1)))
-	if !errors.Is(err, amqp.ErrUnroutable) || outbox.IsPermanent(err) {
+	if !errors.Is(err, amqp.ErrUnroutable) || envelope.IsPermanent(err) {
 		t.Errorf("unroutable: %v, want retryable ErrUnroutable", err)
 	}
 
@@ -112,7 +113,7 @@ func TestPublishOutcomes(t *testing.T) {
 	for i := 0; i < 3 && nacked == nil; i++ {
 		nacked = publish(message(newEvent("order", fmt.Sprintf("o-%d", i), "order.cancelled", 1)))
 	}
-	if !errors.Is(nacked, amqp.ErrNacked) || outbox.IsPermanent(nacked) {
+	if !errors.Is(nacked, amqp.ErrNacked) || envelope.IsPermanent(nacked) {
 		t.Errorf("full queue: %v, want retryable ErrNacked", nacked)
 	}
 	// Routed to two queues, one of them full: nacked as a whole (inventory
@@ -151,12 +152,12 @@ func TestPublishOutcomes(t *testing.T) {
 	sp := newPublisher(t, small)
 	big := message(newEvent("order", "o-5", "order.confirmed", 1))
 	big.Body = append(big.Body, make([]byte, 2000)...)
-	if err := sp.Publish(ctx, []outbox.Message{big})[0]; !outbox.IsPermanent(err) || !errors.Is(err, amqp.ErrTooLarge) {
+	if err := sp.Publish(ctx, []outbox.Message{big})[0]; !envelope.IsPermanent(err) || !errors.Is(err, amqp.ErrTooLarge) {
 		t.Errorf("too large: %v, want permanent ErrTooLarge", err)
 	}
 	long := message(newEvent("order", "o-6", "order.confirmed", 1))
 	long.EventType = "order." + strings.Repeat("x", 260)
-	if err := publish(long); !outbox.IsPermanent(err) || !errors.Is(err, amqp.ErrRoutingKey) {
+	if err := publish(long); !envelope.IsPermanent(err) || !errors.Is(err, amqp.ErrRoutingKey) {
 		t.Errorf("long routing key: %v, want permanent ErrRoutingKey", err)
 	}
 
@@ -167,7 +168,7 @@ func TestPublishOutcomes(t *testing.T) {
 	gone.Topology.Exchange.Name = "no.such.exchange"
 	gp := newPublisher(t, gone)
 	err = gp.Publish(ctx, []outbox.Message{message(newEvent("order", "o-7", "order.confirmed", 1))})[0]
-	if !errors.Is(err, amqp.ErrConfirmLost) || outbox.IsPermanent(err) || !strings.Contains(err.Error(), "404") {
+	if !errors.Is(err, amqp.ErrConfirmLost) || envelope.IsPermanent(err) || !strings.Contains(err.Error(), "404") {
 		t.Errorf("missing exchange: %v, want retryable ErrConfirmLost naming 404", err)
 	}
 	if err := publish(message(newEvent("order", "o-8", "order.confirmed", 1))); err != nil {
@@ -211,7 +212,7 @@ func TestPublisherReconnects(t *testing.T) {
 		if err = pub.Publish(ctx, []outbox.Message{message(newEvent("doc", "d-1", "doc.written", seq))})[0]; err == nil {
 			break
 		}
-		if outbox.IsPermanent(err) {
+		if envelope.IsPermanent(err) {
 			t.Fatalf("a dropped connection gave a permanent error: %v", err)
 		}
 		time.Sleep(50 * time.Millisecond)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/inbox"
+	"github.com/fifobox/fifobox/pkg/transport"
 	"github.com/fifobox/fifobox/pkg/transport/amqp"
 )
 
@@ -104,7 +105,8 @@ func TestTicketingRetryDLQRedrive(t *testing.T) {
 
 	// Fixed: redrive moves both back, in order, and each applies once.
 	p.setFail(nil)
-	moved, err := p.ops.Redrive(ctx, "inventory", 100)
+	rr, err := p.ops.Redrive(ctx, transport.RedriveRequest{Consumer: "inventory", Max: 100})
+	moved := rr.Moved
 	if err != nil || moved != 2 {
 		t.Fatalf("redrive moved %d: %v", moved, err)
 	}
@@ -120,8 +122,8 @@ func TestTicketingRetryDLQRedrive(t *testing.T) {
 	if len(order) != 3 || order[0] != 3 || order[1] != 1 || order[2] != 2 {
 		t.Errorf("h-poison applied in order %v, want [3 1 2] (3 while 1 and 2 were dead, then the redriven ones in order)", order)
 	}
-	if moved, err := p.ops.Redrive(ctx, "inventory", 100); err != nil || moved != 0 {
-		t.Errorf("second redrive moved %d (%v), want 0", moved, err)
+	if rr, err := p.ops.Redrive(ctx, transport.RedriveRequest{Consumer: "inventory", Max: 100}); err != nil || rr.Moved != 0 {
+		t.Errorf("second redrive moved %d (%v), want 0", rr.Moved, err)
 	}
 	time.Sleep(300 * time.Millisecond)
 	for _, e := range evs {
@@ -156,7 +158,7 @@ func TestInvalidAndPermanentGoToTheDLQAtOnce(t *testing.T) {
 	rejected := newEvent("doc", "d-1", "doc.written", 0)
 	p.setFail(func(consumer string, e envelope.Envelope) error {
 		if consumer == "search-indexer" && e.ID == rejected.ID {
-			return inbox.Permanent(errors.New("document schema not supported"))
+			return envelope.Permanent(errors.New("document schema not supported"))
 		}
 		return nil
 	})

@@ -1,4 +1,4 @@
-package natsbus_test
+package nats_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
+	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fifobox/fifobox/internal/pgtest"
@@ -17,7 +17,7 @@ import (
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/outbox/outboxtest"
-	natsbus "github.com/fifobox/fifobox/pkg/transport/nats"
+	nats "github.com/fifobox/fifobox/pkg/transport/nats"
 )
 
 // brokerProcess is the NATS server's process name, whose CPU the benchmark
@@ -55,7 +55,7 @@ func benchEvents(n int) []envelope.Envelope {
 //
 //	go test -run '^$' -bench BenchmarkThroughNATS -benchtime 20000x ./pkg/transport/nats/
 func BenchmarkThroughNATS(b *testing.B) {
-	cfg := setup(b, natsbus.Holdco())
+	cfg := setup(b, nats.Holdco())
 	if err := cfg.Topology.Prepare(); err != nil {
 		b.Fatal(err)
 	}
@@ -91,7 +91,7 @@ func BenchmarkThroughNATS(b *testing.B) {
 			for i, e := range benchEvents(b.N) {
 				msgs[i] = message(e)
 			}
-			pub, err := natsbus.NewPublisher(cfg)
+			pub, err := nats.NewPublisher(cfg)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -132,7 +132,7 @@ func BenchmarkThroughNATS(b *testing.B) {
 		fmt.Printf("\nthrough NATS JetStream (holdco: one stream, 3 durable pull consumers; best of %d rounds)\n", rounds)
 		outboxtest.Report(os.Stdout, "nats-server", brokerProcess, []outboxtest.CostRow{
 			{Name: "raw JetStream publish (10 async/batch, 16 workers)", Cost: raw},
-			{Name: "natsbus.Publisher alone (same batches, no outbox)", Cost: pubOnly},
+			{Name: "nats.Publisher alone (same batches, no outbox)", Cost: pubOnly},
 			{Name: "dispatcher: outbox -> JetStream (Drain)", Cost: disp},
 			{Name: "dispatcher, instant publisher (the outbox alone)", Cost: instant},
 		}, raw.Rate, disp.Rate, instant.Rate)
@@ -143,8 +143,8 @@ func BenchmarkThroughNATS(b *testing.B) {
 // rawRound publishes msgs like the dispatcher's publish step would, with the
 // client alone: benchConcurrency goroutines, each taking the next 10
 // messages, publishing them asynchronously and waiting for their PubAcks.
-func rawRound(b *testing.B, cfg natsbus.Config, msgs []outbox.Message) float64 {
-	nc, err := nats.Connect(cfg.URL)
+func rawRound(b *testing.B, cfg nats.Config, msgs []outbox.Message) float64 {
+	nc, err := natsgo.Connect(cfg.URL)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -153,14 +153,14 @@ func rawRound(b *testing.B, cfg natsbus.Config, msgs []outbox.Message) float64 {
 	if err != nil {
 		b.Fatal(err)
 	}
-	out := make([]*nats.Msg, len(msgs))
+	out := make([]*natsgo.Msg, len(msgs))
 	for i := range msgs {
 		m := &msgs[i]
-		out[i] = &nats.Msg{Subject: cfg.Topology.EventSubject(m), Data: m.Body, Header: nats.Header{
-			natsbus.HeaderMsgID: {m.EventID}, natsbus.HeaderEventID: {m.EventID}, natsbus.HeaderEventType: {m.EventType},
-			natsbus.HeaderAggregateType: {m.AggregateType}, natsbus.HeaderAggregateID: {m.GroupID},
-			natsbus.HeaderSequence: {strconv.FormatInt(m.Sequence, 10)}, natsbus.HeaderTenantID: {"acme"},
-			natsbus.HeaderContentType: {"application/json"}}}
+		out[i] = &natsgo.Msg{Subject: cfg.Topology.EventSubject(m), Data: m.Body, Header: natsgo.Header{
+			nats.HeaderMsgID: {m.EventID}, nats.HeaderEventID: {m.EventID}, nats.HeaderEventType: {m.EventType},
+			nats.HeaderAggregateType: {m.AggregateType}, nats.HeaderAggregateID: {m.GroupID},
+			nats.HeaderSequence: {strconv.FormatInt(m.Sequence, 10)}, nats.HeaderTenantID: {"acme"},
+			nats.HeaderContentType: {"application/json"}}}
 	}
 	var next sync.Mutex
 	pos := 0
@@ -204,16 +204,16 @@ func rawRound(b *testing.B, cfg natsbus.Config, msgs []outbox.Message) float64 {
 	return float64(len(msgs)) / time.Since(start).Seconds()
 }
 
-// dispatchRound drains b.N enqueued events through pub (nil: a natsbus
+// dispatchRound drains b.N enqueued events through pub (nil: a nats
 // Publisher) and returns the rate.
-func dispatchRound(b *testing.B, name string, cfg natsbus.Config, pub outbox.Publisher) proccpu.Cost {
+func dispatchRound(b *testing.B, name string, cfg nats.Config, pub outbox.Publisher) proccpu.Cost {
 	var cost proccpu.Cost
 	b.Run(name, func(b *testing.B) {
 		db := pgtest.New(b)
 		evs := benchEvents(b.N)
 		p := pub
 		if p == nil {
-			np, err := natsbus.NewPublisher(cfg)
+			np, err := nats.NewPublisher(cfg)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -236,7 +236,7 @@ func dispatchRound(b *testing.B, name string, cfg natsbus.Config, pub outbox.Pub
 
 // purge empties the stream between rounds, so no round pays for another's
 // backlog.
-func purge(b *testing.B, cfg natsbus.Config) {
+func purge(b *testing.B, cfg nats.Config) {
 	r := dialRaw(b)
 	s, err := r.js.Stream(context.Background(), cfg.Topology.Stream)
 	if err != nil {

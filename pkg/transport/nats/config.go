@@ -1,4 +1,4 @@
-package natsbus
+package nats
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
+	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fifobox/fifobox/pkg/envspec"
@@ -200,37 +200,37 @@ func (c *Config) prepare() error {
 // dial opens a connection named for role. The client reconnects on its own
 // after a drop (without limit), re-subscribing and re-sending what it
 // buffered; a connection is only replaced when it is closed.
-func (c *Config) dial(role string) (*nats.Conn, error) {
+func (c *Config) dial(role string) (*natsgo.Conn, error) {
 	log := c.Logger.With("role", role)
-	opts := []nats.Option{
-		nats.Name(c.ConnectionName + "/" + role),
-		nats.Timeout(c.DialTimeout),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(c.ReconnectWait),
-		nats.ReconnectJitter(50*time.Millisecond, 250*time.Millisecond),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+	opts := []natsgo.Option{
+		natsgo.Name(c.ConnectionName + "/" + role),
+		natsgo.Timeout(c.DialTimeout),
+		natsgo.MaxReconnects(-1),
+		natsgo.ReconnectWait(c.ReconnectWait),
+		natsgo.ReconnectJitter(50*time.Millisecond, 250*time.Millisecond),
+		natsgo.DisconnectErrHandler(func(_ *natsgo.Conn, err error) {
 			if err != nil {
 				log.Warn("nats: disconnected; reconnecting", "error", err.Error())
 			}
 		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("nats: reconnected", "server", nc.ConnectedUrlRedacted()) }),
-		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		natsgo.ReconnectHandler(func(nc *natsgo.Conn) { log.Info("nats: reconnected", "server", nc.ConnectedUrlRedacted()) }),
+		natsgo.ErrorHandler(func(_ *natsgo.Conn, _ *natsgo.Subscription, err error) {
 			log.Warn("nats: asynchronous error", "error", err.Error())
 		}),
 	}
 	if c.CredsFile != "" {
-		opts = append(opts, nats.UserCredentials(c.CredsFile))
+		opts = append(opts, natsgo.UserCredentials(c.CredsFile))
 	}
 	if c.User != "" {
-		opts = append(opts, nats.UserInfo(c.User, c.Password))
+		opts = append(opts, natsgo.UserInfo(c.User, c.Password))
 	}
 	if c.Token != "" {
-		opts = append(opts, nats.Token(c.Token))
+		opts = append(opts, natsgo.Token(c.Token))
 	}
 	if c.TLS != nil {
-		opts = append(opts, nats.Secure(c.TLS))
+		opts = append(opts, natsgo.Secure(c.TLS))
 	}
-	nc, err := nats.Connect(c.URL, opts...)
+	nc, err := natsgo.Connect(c.URL, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to %s: %w", redactURL(c.URL), err)
 	}
@@ -266,7 +266,7 @@ type connector struct {
 	role string
 
 	mu       sync.Mutex
-	nc       *nats.Conn
+	nc       *natsgo.Conn
 	js       jetstream.JetStream
 	failures int
 	nextDial time.Time
@@ -278,7 +278,7 @@ func newConnector(cfg *Config, role string) *connector { return &connector{cfg: 
 
 // get returns a connection and its JetStream context, dialling if needed
 // and waiting up to wait (or ctx) for the server.
-func (c *connector) get(ctx context.Context, wait time.Duration) (*nats.Conn, jetstream.JetStream, error) {
+func (c *connector) get(ctx context.Context, wait time.Duration) (*natsgo.Conn, jetstream.JetStream, error) {
 	deadline := time.Now().Add(wait)
 	for {
 		nc, js, retryAt, err := c.try()
@@ -298,7 +298,7 @@ func (c *connector) get(ctx context.Context, wait time.Duration) (*nats.Conn, je
 	}
 }
 
-func (c *connector) try() (*nats.Conn, jetstream.JetStream, time.Time, error) {
+func (c *connector) try() (*natsgo.Conn, jetstream.JetStream, time.Time, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -345,7 +345,7 @@ func (c *connector) close() error {
 
 // multiFilter reports whether the server takes several filter subjects on
 // one consumer (NATS 2.10 and later).
-func multiFilter(nc *nats.Conn) bool {
+func multiFilter(nc *natsgo.Conn) bool {
 	v := strings.TrimPrefix(nc.ConnectedServerVersion(), "v")
 	parts := strings.SplitN(v, ".", 3)
 	if len(parts) < 2 {

@@ -1,4 +1,4 @@
-package natsbus
+package nats
 
 import (
 	"context"
@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/nats-io/nats.go"
+	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fifobox/fifobox/pkg/envelope"
@@ -96,7 +96,7 @@ func (r *Runner) session(ctx context.Context) error {
 		return err
 	}
 	defer nc.Close()
-	closed := nc.StatusChanged(nats.CLOSED)
+	closed := nc.StatusChanged(natsgo.CLOSED)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)

@@ -1,4 +1,4 @@
-// Package natsbus is fifobox's NATS JetStream transport, on the official
+// Package nats is fifobox's NATS JetStream transport, on the official
 // client (github.com/nats-io/nats.go and its jetstream package). It works
 // with NATS Server 2.9 and later. It implements pkg/transport's four parts:
 //
@@ -38,6 +38,6 @@
 // fifobox's own pkg/topology onto subjects. docs/transports-nats.md has the
 // whole picture.
 //
-// The package is named natsbus, not nats, so that it and the client's nats
-// package can be imported side by side.
-package natsbus
+// The package name is its directory's; code that also imports the client
+// aliases it (natsgo "github.com/nats-io/nats.go"), as this package does.
+package nats

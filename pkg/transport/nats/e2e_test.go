@@ -1,4 +1,4 @@
-package natsbus_test
+package nats_test
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/topology"
-	natsbus "github.com/fifobox/fifobox/pkg/transport/nats"
+	nats "github.com/fifobox/fifobox/pkg/transport/nats"
 )
 
 // pipeline is the whole flow on the real server: outbox -> dispatcher ->
@@ -25,26 +25,26 @@ import (
 type pipeline struct {
 	t    *testing.T
 	db   *pgtest.DB
-	cfg  natsbus.Config
-	topo natsbus.Topology
+	cfg  nats.Config
+	topo nats.Topology
 	disp *outbox.Dispatcher
-	ops  *natsbus.Operations
+	ops  *nats.Operations
 
 	mu       sync.Mutex
 	fail     func(consumer string, e envelope.Envelope) error // injected side-effect failure
-	settled  []natsbus.Settlement
+	settled  []nats.Settlement
 	enqueued []envelope.Envelope
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
 
-type pipelineOpt func(*natsbus.Config)
+type pipelineOpt func(*nats.Config)
 
 // viaProxy connects the publisher and the runners through p.
-func viaProxy(p *proxy) pipelineOpt { return func(c *natsbus.Config) { c.URL = p.URL() } }
+func viaProxy(p *proxy) pipelineOpt { return func(c *nats.Config) { c.URL = p.URL() } }
 
-func newPipeline(t *testing.T, topo natsbus.Topology, opts ...pipelineOpt) *pipeline {
+func newPipeline(t *testing.T, topo nats.Topology, opts ...pipelineOpt) *pipeline {
 	t.Helper()
 	needServer(t)
 	p := &pipeline{t: t, db: pgtest.New(t)}
@@ -78,7 +78,7 @@ func newPipeline(t *testing.T, topo natsbus.Topology, opts ...pipelineOpt) *pipe
 				name, e.ID, e.AggregateType, e.AggregateID, e.Sequence, e.Type)
 			return err
 		}
-		r, err := natsbus.NewRunner(p.cfg, p.db.Pool, apply, natsbus.ConsumerConfig{Consumer: name, OnSettle: func(s natsbus.Settlement) {
+		r, err := nats.NewRunner(p.cfg, p.db.Pool, apply, nats.ConsumerConfig{Consumer: name, OnSettle: func(s nats.Settlement) {
 			p.mu.Lock()
 			p.settled = append(p.settled, s)
 			p.mu.Unlock()
@@ -98,7 +98,7 @@ func newPipeline(t *testing.T, topo natsbus.Topology, opts ...pipelineOpt) *pipe
 	}
 	p.wg.Add(1)
 	go func() { defer p.wg.Done(); _ = p.disp.Run(ctx) }()
-	p.ops, err = natsbus.NewOperations(p.cfg)
+	p.ops, err = nats.NewOperations(p.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -299,10 +299,10 @@ func (p *pipeline) checkExactlyOnceInOrder(rows []appliedRow, want map[string]ma
 }
 
 // settledFor returns the settlements of one event, in order.
-func (p *pipeline) settledFor(consumer, eventID string) []natsbus.Settlement {
+func (p *pipeline) settledFor(consumer, eventID string) []nats.Settlement {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var out []natsbus.Settlement
+	var out []nats.Settlement
 	for _, s := range p.settled {
 		if s.Consumer == consumer && s.EventID == eventID {
 			out = append(out, s)
@@ -329,9 +329,9 @@ var (
 	}
 )
 
-func mustFromTopology(t *testing.T, tp topology.Topology) natsbus.Topology {
+func mustFromTopology(t *testing.T, tp topology.Topology) nats.Topology {
 	t.Helper()
-	n, err := natsbus.FromTopology(tp)
+	n, err := nats.FromTopology(tp)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -343,12 +343,12 @@ func mustFromTopology(t *testing.T, tp topology.Topology) natsbus.Topology {
 func TestEndToEnd(t *testing.T) {
 	tests := []struct {
 		name  string
-		topo  natsbus.Topology
+		topo  nats.Topology
 		kinds []aggKind
 	}{
-		{"holdco", natsbus.Holdco(), holdcoKinds},
-		{"ticketing", natsbus.Ticketing(), ticketingKinds},
-		{"corewrite", natsbus.Corewrite(), corewriteKinds},
+		{"holdco", nats.Holdco(), holdcoKinds},
+		{"ticketing", nats.Ticketing(), ticketingKinds},
+		{"corewrite", nats.Corewrite(), corewriteKinds},
 		{"default", mustFromTopology(t, topology.Default()), defaultKinds},
 	}
 	for _, tt := range tests {
@@ -379,7 +379,7 @@ func TestConnectionLoss(t *testing.T) {
 	t.Parallel()
 	needServer(t)
 	px := newProxy(t)
-	p := newPipeline(t, natsbus.Holdco(), viaProxy(px))
+	p := newPipeline(t, nats.Holdco(), viaProxy(px))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

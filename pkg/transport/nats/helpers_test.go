@@ -1,4 +1,4 @@
-package natsbus_test
+package nats_test
 
 import (
 	"context"
@@ -15,13 +15,13 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/nats-io/nats.go"
+	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/transport"
-	natsbus "github.com/fifobox/fifobox/pkg/transport/nats"
+	nats "github.com/fifobox/fifobox/pkg/transport/nats"
 )
 
 // quiet is a logger for tests that expect warnings (outages, retries).
@@ -34,7 +34,7 @@ func serverURL() string {
 	if u := os.Getenv("FIFOBOX_TEST_NATS_URL"); u != "" {
 		return u
 	}
-	return natsbus.DefaultURL
+	return nats.DefaultURL
 }
 
 var (
@@ -46,7 +46,7 @@ var (
 func needServer(tb testing.TB) {
 	tb.Helper()
 	reachOnce.Do(func() {
-		nc, err := nats.Connect(serverURL(), nats.Timeout(2*time.Second))
+		nc, err := natsgo.Connect(serverURL(), natsgo.Timeout(2*time.Second))
 		if err != nil {
 			reachErr = err
 			return
@@ -65,7 +65,7 @@ func needServer(tb testing.TB) {
 // isolate gives topo a stream, dead-letter stream and subject prefix of its
 // own, so tests run in parallel without seeing each other's data, and
 // deletes the streams when the test ends.
-func isolate(tb testing.TB, topo natsbus.Topology) natsbus.Topology {
+func isolate(tb testing.TB, topo nats.Topology) nats.Topology {
 	tb.Helper()
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
@@ -75,7 +75,7 @@ func isolate(tb testing.TB, topo natsbus.Topology) natsbus.Topology {
 	topo.SubjectPrefix = "t" + id + "." + topo.SubjectPrefix
 	dlq := topo.Stream + "_DLQ"
 	tb.Cleanup(func() {
-		nc, err := nats.Connect(serverURL())
+		nc, err := natsgo.Connect(serverURL())
 		if err != nil {
 			return
 		}
@@ -90,11 +90,11 @@ func isolate(tb testing.TB, topo natsbus.Topology) natsbus.Topology {
 }
 
 // setup isolates topo, provisions it and returns the config.
-func setup(tb testing.TB, topo natsbus.Topology) natsbus.Config {
+func setup(tb testing.TB, topo nats.Topology) nats.Config {
 	tb.Helper()
 	needServer(tb)
-	cfg := natsbus.Config{URL: serverURL(), Topology: isolate(tb, topo), Logger: quiet, ReconnectMaxDelay: 500 * time.Millisecond}
-	p, err := natsbus.NewProvisioner(cfg)
+	cfg := nats.Config{URL: serverURL(), Topology: isolate(tb, topo), Logger: quiet, ReconnectMaxDelay: 500 * time.Millisecond}
+	p, err := nats.NewProvisioner(cfg)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -106,9 +106,9 @@ func setup(tb testing.TB, topo natsbus.Topology) natsbus.Config {
 	return cfg
 }
 
-func newPublisher(tb testing.TB, cfg natsbus.Config) *natsbus.Publisher {
+func newPublisher(tb testing.TB, cfg nats.Config) *nats.Publisher {
 	tb.Helper()
-	p, err := natsbus.NewPublisher(cfg)
+	p, err := nats.NewPublisher(cfg)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -129,20 +129,20 @@ func message(e envelope.Envelope) outbox.Message {
 	if err != nil {
 		panic(err)
 	}
-	return outbox.Message{EventID: e.ID, GroupID: e.AggregateID, DedupID: e.ID, AggregateType: e.AggregateType,
+	return outbox.Message{EventID: e.ID, GroupID: e.AggregateID, AggregateType: e.AggregateType,
 		Sequence: e.Sequence, EventType: e.Type, Body: body, Attributes: e.Attributes(), Attempt: 1}
 }
 
 // raw is a test's own connection, for inspecting streams.
 type raw struct {
 	tb testing.TB
-	nc *nats.Conn
+	nc *natsgo.Conn
 	js jetstream.JetStream
 }
 
 func dialRaw(tb testing.TB) *raw {
 	tb.Helper()
-	nc, err := nats.Connect(serverURL())
+	nc, err := natsgo.Connect(serverURL())
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package natsbus
+package nats
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"strings"
 
 	"github.com/google/uuid"
-	"github.com/nats-io/nats.go"
+	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fifobox/fifobox/pkg/outbox"
@@ -107,7 +107,32 @@ func (o *Operations) Depths(ctx context.Context, consumers ...string) ([]transpo
 	return out, nil
 }
 
-// Redrive moves up to max messages from the consumer's dead letters back to
+// Redrive is transport.Operations.Redrive: the consumer's DLQ (the only
+// dead-letter queue this transport has) through redrive, or in a dry run
+// its depth.
+func (o *Operations) Redrive(ctx context.Context, req transport.RedriveRequest) (transport.RedriveResult, error) {
+	res := transport.RedriveResult{Waiting: -1, InFlight: -1}
+	if req.From != "" && req.From != transport.ConsumerDLQ {
+		return res, fmt.Errorf("redrive: %s: %w", req.From, transport.ErrNoSuchDLQ)
+	}
+	if req.DryRun {
+		d, err := o.Depths(ctx, req.Consumer)
+		if err != nil {
+			return res, fmt.Errorf("redrive: %w", err)
+		}
+		if len(d) != 1 || d[0].DLQ < 0 {
+			return res, fmt.Errorf("redrive: the DLQ depth of %s is unknown: %v", req.Consumer, d)
+		}
+		res.Waiting = d[0].DLQ
+		res.Moved = int(min(d[0].DLQ, int64(req.Max)))
+		return res, nil
+	}
+	n, err := o.redrive(ctx, req.Consumer, req.Max, req.Progress)
+	res.Moved = n
+	return res, err
+}
+
+// redrive moves up to max messages from the consumer's dead letters back to
 // it, in the order they died: it reads them in dead-letter stream order,
 // publishes each to the consumer's replay subject (which only its filters
 // select) and waits for the PubAck, then deletes it from the dead-letter
@@ -117,7 +142,7 @@ func (o *Operations) Depths(ctx context.Context, consumers ...string) ([]transpo
 // derived from its dead-letter sequence, so a redrive that crashed between
 // publishing and deleting re-publishes into the duplicate window and is
 // dropped; after the window the inbox drops the copy.
-func (o *Operations) Redrive(ctx context.Context, consumer string, max int) (int, error) {
+func (o *Operations) redrive(ctx context.Context, consumer string, max int, progress func(moved, total int64)) (int, error) {
 	c, err := o.consumer(consumer)
 	if err != nil {
 		return 0, fmt.Errorf("redrive: %w", err)
@@ -154,7 +179,7 @@ func (o *Operations) Redrive(ctx context.Context, consumer string, max int) (int
 		if rest == "" || rest == m.Header.Get(HeaderSubject) {
 			rest = "redriven"
 		}
-		msg := &nats.Msg{Subject: t.ReplaySubjectPrefix(c) + "." + rest, Data: m.Data, Header: m.Header}
+		msg := &natsgo.Msg{Subject: t.ReplaySubjectPrefix(c) + "." + rest, Data: m.Data, Header: m.Header}
 		msg.Header[HeaderMsgID] = []string{fmt.Sprintf("redrive:%s:%s:%d", c.Name, t.DeadLetterStream, m.Sequence)}
 		if err := o.out.sendOne(ctx, outgoing{msg: msg, stream: t.Stream}); err != nil {
 			return moved, fmt.Errorf("redrive: send dead letter %d to %s (it stays dead): %w", m.Sequence, msg.Subject, err)
@@ -166,15 +191,18 @@ func (o *Operations) Redrive(ctx context.Context, consumer string, max int) (int
 		next = m.Sequence + 1
 		if moved%redriveBatch == 0 {
 			o.cfg.Logger.Info("nats redrive: progress", "consumer", c.Name, "moved", moved)
+			if progress != nil {
+				progress(int64(moved), -1)
+			}
 		}
 	}
 	return moved, nil
 }
 
 // redriven strips the dead-letter diagnostics from h and counts the redrive.
-func (t *Topology) redriven(h *nats.Header) {
+func (t *Topology) redriven(h *natsgo.Header) {
 	if *h == nil {
-		*h = nats.Header{}
+		*h = natsgo.Header{}
 	}
 	n, _ := strconv.Atoi(h.Get(HeaderRedriven))
 	for k := range *h {

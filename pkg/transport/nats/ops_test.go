@@ -1,4 +1,4 @@
-package natsbus_test
+package nats_test
 
 import (
 	"context"
@@ -9,12 +9,12 @@ import (
 
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
-	natsbus "github.com/fifobox/fifobox/pkg/transport/nats"
+	nats "github.com/fifobox/fifobox/pkg/transport/nats"
 )
 
 func TestDepths(t *testing.T) {
 	t.Parallel()
-	cfg := setup(t, natsbus.Ticketing())
+	cfg := setup(t, nats.Ticketing())
 	ctx := context.Background()
 	pub := newPublisher(t, cfg)
 	for i := 0; i < 3; i++ {
@@ -25,7 +25,7 @@ func TestDepths(t *testing.T) {
 	if err := pub.Publish(ctx, []outbox.Message{message(newEvent("hold", "h-1", "hold.created", 1))})[0]; err != nil {
 		t.Fatal(err)
 	}
-	ops, err := natsbus.NewOperations(cfg)
+	ops, err := nats.NewOperations(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func TestDepths(t *testing.T) {
 // gets nothing.
 func TestReplayOneConsumer(t *testing.T) {
 	t.Parallel()
-	p := newPipeline(t, natsbus.Corewrite())
+	p := newPipeline(t, nats.Corewrite())
 	ctx := context.Background()
 	p.produce(5, 4, 200*time.Millisecond, corewriteKinds)
 	p.waitApplied(60 * time.Second)

@@ -1,4 +1,4 @@
-package natsbus
+package nats
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/transport"
 	"github.com/fifobox/fifobox/pkg/wire"
@@ -24,7 +25,7 @@ import (
 func (p *Publisher) wireOutgoing(m *outbox.Message) (outgoing, error) {
 	w, err := p.cfg.Wire.Render(m)
 	if err != nil {
-		return outgoing{}, outbox.Permanent(err)
+		return outgoing{}, envelope.Permanent(err)
 	}
 	h := make(nats.Header, len(w.Headers)+1)
 	for _, x := range w.Headers {

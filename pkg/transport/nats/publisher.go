@@ -1,4 +1,4 @@
-package natsbus
+package nats
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
+	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fifobox/fifobox/pkg/envelope"
@@ -17,7 +17,7 @@ import (
 )
 
 // Publish outcomes. ErrTooLarge, ErrWrongStream, ErrSubjectNotBound and
-// ErrSubject are permanent (wrapped in outbox.Permanent); every other is
+// ErrSubject are permanent (wrapped in envelope.Permanent); every other is
 // retryable: retrying is safe (Nats-Msg-Id deduplicates inside the window,
 // the inbox after it), while marking an event dead parks its aggregate
 // until an operator acts.
@@ -132,12 +132,12 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error 
 // the fifobox headers and msgID as Nats-Msg-Id.
 func (t *Topology) outgoing(m *outbox.Message, subject, msgID string) (outgoing, error) {
 	if !validSubject(subject) {
-		return outgoing{}, outbox.Permanent(fmt.Errorf("%w: %q", ErrSubject, subject))
+		return outgoing{}, envelope.Permanent(fmt.Errorf("%w: %q", ErrSubject, subject))
 	}
-	msg := &nats.Msg{Subject: subject, Data: m.Body, Header: t.headersFor(m)}
+	msg := &natsgo.Msg{Subject: subject, Data: m.Body, Header: t.headersFor(m)}
 	msg.Header[HeaderMsgID] = []string{msgID}
 	if n := msgSize(msg); n > int(t.MaxMsgSize) {
-		return outgoing{}, outbox.Permanent(fmt.Errorf("%w: %d bytes, stream limit %d", ErrTooLarge, n, t.MaxMsgSize))
+		return outgoing{}, envelope.Permanent(fmt.Errorf("%w: %d bytes, stream limit %d", ErrTooLarge, n, t.MaxMsgSize))
 	}
 	return outgoing{msg: msg, stream: t.Stream}, nil
 }
@@ -145,8 +145,8 @@ func (t *Topology) outgoing(m *outbox.Message, subject, msgID string) (outgoing,
 // headersFor is the fifobox headers and the topology's extra headers for m.
 // Keys are set directly (not through Header.Set) so "traceparent" keeps the
 // W3C spelling.
-func (t *Topology) headersFor(m *outbox.Message) nats.Header {
-	h := make(nats.Header, 10+len(t.headers))
+func (t *Topology) headersFor(m *outbox.Message) natsgo.Header {
+	h := make(natsgo.Header, 10+len(t.headers))
 	set := func(k, v string) {
 		if v != "" {
 			h[k] = []string{headerValue(v)}
@@ -173,7 +173,7 @@ func (t *Topology) headersFor(m *outbox.Message) nats.Header {
 }
 
 // msgSize approximates the stored size: subject, headers and body.
-func msgSize(m *nats.Msg) int {
+func msgSize(m *natsgo.Msg) int {
 	n := len(m.Subject) + len(m.Data) + 12
 	for k, vs := range m.Header {
 		for _, v := range vs {
@@ -202,7 +202,7 @@ func waves(msgs []outbox.Message, ready []int) [][]int {
 
 // outgoing is one message to publish, with the stream expected to store it.
 type outgoing struct {
-	msg    *nats.Msg
+	msg    *natsgo.Msg
 	stream string
 }
 
@@ -279,7 +279,7 @@ func (s *sender) send(ctx context.Context, out []outgoing) []error {
 		case ack := <-f.Ok():
 			switch {
 			case ack.Stream != out[i].stream:
-				errs[i] = outbox.Permanent(fmt.Errorf("%w: stored in %q, want %q", ErrWrongStream, ack.Stream, out[i].stream))
+				errs[i] = envelope.Permanent(fmt.Errorf("%w: stored in %q, want %q", ErrWrongStream, ack.Stream, out[i].stream))
 			case ack.Duplicate:
 				s.duplicates.Add(1)
 			default:
@@ -305,15 +305,15 @@ func (s *sender) classify(ctx context.Context, js jetstream.JetStream, o outgoin
 	subj := o.msg.Subject
 	var apiErr *jetstream.APIError
 	switch {
-	case errors.Is(err, nats.ErrMaxPayload):
-		return outbox.Permanent(fmt.Errorf("%w: subject %s: %v", ErrTooLarge, subj, err))
+	case errors.Is(err, natsgo.ErrMaxPayload):
+		return envelope.Permanent(fmt.Errorf("%w: subject %s: %v", ErrTooLarge, subj, err))
 	case errors.As(err, &apiErr) && apiErr.ErrorCode == codeMsgTooLarge:
-		return outbox.Permanent(fmt.Errorf("%w: subject %s: %v", ErrTooLarge, subj, err))
+		return envelope.Permanent(fmt.Errorf("%w: subject %s: %v", ErrTooLarge, subj, err))
 	case errors.As(err, &apiErr) && (apiErr.ErrorCode == codeStreamMismatch || apiErr.ErrorCode == codeStreamNotMatch2):
-		return outbox.Permanent(fmt.Errorf("%w: subject %s, want stream %s: %v", ErrWrongStream, subj, o.stream, err))
-	case errors.Is(err, nats.ErrBadSubject):
-		return outbox.Permanent(fmt.Errorf("%w: %q: %v", ErrSubject, subj, err))
-	case errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders):
+		return envelope.Permanent(fmt.Errorf("%w: subject %s, want stream %s: %v", ErrWrongStream, subj, o.stream, err))
+	case errors.Is(err, natsgo.ErrBadSubject):
+		return envelope.Permanent(fmt.Errorf("%w: %q: %v", ErrSubject, subj, err))
+	case errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, natsgo.ErrNoResponders):
 		return s.noResponders(ctx, js, o, err)
 	case errors.As(err, &apiErr):
 		return fmt.Errorf("%w: subject %s: %v", ErrRefused, subj, err)
@@ -355,5 +355,5 @@ func (s *sender) noResponders(ctx context.Context, js jetstream.JetStream, o out
 			return fmt.Errorf("%w: subject %s: stream %s did not answer: %v", ErrNoAck, subj, o.stream, cause)
 		}
 	}
-	return outbox.Permanent(fmt.Errorf("%w: subject %s, stream %s has subjects %v", ErrSubjectNotBound, subj, o.stream, c.subjects))
+	return envelope.Permanent(fmt.Errorf("%w: subject %s, stream %s has subjects %v", ErrSubjectNotBound, subj, o.stream, c.subjects))
 }

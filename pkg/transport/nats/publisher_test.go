@@ -1,4 +1,4 @@
-package natsbus_test
+package nats_test
 
 import (
 	"context"
@@ -7,17 +7,18 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
+	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/transport"
-	natsbus "github.com/fifobox/fifobox/pkg/transport/nats"
+	nats "github.com/fifobox/fifobox/pkg/transport/nats"
 )
 
 func TestPublishSubjectsAndHeaders(t *testing.T) {
 	t.Parallel()
-	cfg := setup(t, natsbus.Holdco())
+	cfg := setup(t, nats.Holdco())
 	pub := newPublisher(t, cfg)
 	e := newEvent("payment intent", "pi-1", "failed.hard", 7)
 	e.TraceParent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -36,9 +37,9 @@ func TestPublishSubjectsAndHeaders(t *testing.T) {
 	}
 	h := got[0].Headers()
 	for k, want := range map[string]string{
-		natsbus.HeaderMsgID: e.ID, natsbus.HeaderEventID: e.ID, natsbus.HeaderEventType: "failed.hard",
-		natsbus.HeaderAggregateType: "payment intent", natsbus.HeaderAggregateID: "pi-1", natsbus.HeaderSequence: "7",
-		natsbus.HeaderTenantID: "acme", natsbus.HeaderContentType: "application/json",
+		nats.HeaderMsgID: e.ID, nats.HeaderEventID: e.ID, nats.HeaderEventType: "failed.hard",
+		nats.HeaderAggregateType: "payment intent", nats.HeaderAggregateID: "pi-1", nats.HeaderSequence: "7",
+		nats.HeaderTenantID: "acme", nats.HeaderContentType: "application/json",
 	} {
 		if h.Get(k) != want {
 			t.Errorf("header %s = %q, want %q", k, h.Get(k), want)
@@ -54,7 +55,7 @@ func TestPublishSubjectsAndHeaders(t *testing.T) {
 // a duplicate and not stored twice.
 func TestRepublishInsideTheDuplicateWindowIsDropped(t *testing.T) {
 	t.Parallel()
-	cfg := setup(t, natsbus.Corewrite())
+	cfg := setup(t, nats.Corewrite())
 	pub := newPublisher(t, cfg)
 	ctx := context.Background()
 	m := message(newEvent("doc", "d-1", "doc.written", 1))
@@ -68,7 +69,7 @@ func TestRepublishInsideTheDuplicateWindowIsDropped(t *testing.T) {
 	}
 	// The raw PubAck of one more copy says so.
 	r := dialRaw(t)
-	msg := &nats.Msg{Subject: cfg.Topology.SubjectPrefix + ".doc.doc_written", Data: m.Body, Header: nats.Header{natsbus.HeaderMsgID: {m.EventID}}}
+	msg := &natsgo.Msg{Subject: cfg.Topology.SubjectPrefix + ".doc.doc_written", Data: m.Body, Header: natsgo.Header{nats.HeaderMsgID: {m.EventID}}}
 	ack, err := r.js.PublishMsg(ctx, msg)
 	if err != nil || !ack.Duplicate {
 		t.Fatalf("raw republish: %+v %v, want a duplicate PubAck", ack, err)
@@ -84,7 +85,7 @@ func TestRepublishInsideTheDuplicateWindowIsDropped(t *testing.T) {
 // each once.
 func TestDispatcherRepublishIsDropped(t *testing.T) {
 	t.Parallel()
-	p := newPipeline(t, natsbus.Corewrite())
+	p := newPipeline(t, nats.Corewrite())
 	p.stop() // this test runs its own dispatcher
 	pub := newPublisher(t, p.cfg)
 	lost := true
@@ -132,9 +133,9 @@ func TestPublishOutcomes(t *testing.T) {
 	t.Parallel()
 	needServer(t)
 	ctx := context.Background()
-	base := setup(t, natsbus.Corewrite()) // stream A, prefix A
-	other := setup(t, natsbus.Corewrite())
-	small := natsbus.Corewrite()
+	base := setup(t, nats.Corewrite()) // stream A, prefix A
+	other := setup(t, nats.Corewrite())
+	small := nats.Corewrite()
 	small.MaxMsgSize = 2048
 	smallCfg := setup(t, small)
 	px := newProxy(t)
@@ -145,21 +146,21 @@ func TestPublishOutcomes(t *testing.T) {
 
 	tests := []struct {
 		name      string
-		cfg       func() natsbus.Config
+		cfg       func() nats.Config
 		msg       func() outbox.Message
 		before    func()
 		want      error // nil: success
 		permanent bool
 	}{
-		{name: "stored", cfg: func() natsbus.Config { return base }},
-		{name: "body over the topology's max_msg_size", cfg: func() natsbus.Config { return smallCfg },
+		{name: "stored", cfg: func() nats.Config { return base }},
+		{name: "body over the topology's max_msg_size", cfg: func() nats.Config { return smallCfg },
 			msg: func() outbox.Message {
 				m := message(newEvent("doc", "d-1", "doc.written", 1))
 				m.Body = append(m.Body, make([]byte, 4096)...)
 				return m
-			}, want: natsbus.ErrTooLarge, permanent: true},
+			}, want: nats.ErrTooLarge, permanent: true},
 		{name: "body over the stream's max_msg_size (config disagrees with the stream)",
-			cfg: func() natsbus.Config {
+			cfg: func() nats.Config {
 				c := smallCfg
 				c.Topology.MaxMsgSize = 1 << 20
 				return c
@@ -168,8 +169,8 @@ func TestPublishOutcomes(t *testing.T) {
 				m := message(newEvent("doc", "d-1", "doc.written", 1))
 				m.Body = append(m.Body, make([]byte, 4096)...)
 				return m
-			}, want: natsbus.ErrTooLarge, permanent: true},
-		{name: "body over the server's max_payload", cfg: func() natsbus.Config {
+			}, want: nats.ErrTooLarge, permanent: true},
+		{name: "body over the server's max_payload", cfg: func() nats.Config {
 			c := base
 			c.Topology.MaxMsgSize = 8 << 20
 			return c
@@ -178,31 +179,31 @@ func TestPublishOutcomes(t *testing.T) {
 				m := message(newEvent("doc", "d-1", "doc.written", 1))
 				m.Body = make([]byte, 2<<20)
 				return m
-			}, want: natsbus.ErrTooLarge, permanent: true},
-		{name: "subject bound to another stream", cfg: func() natsbus.Config {
+			}, want: nats.ErrTooLarge, permanent: true},
+		{name: "subject bound to another stream", cfg: func() nats.Config {
 			c := base
 			c.Topology.SubjectPrefix = other.Topology.SubjectPrefix
 			return c
-		}, want: natsbus.ErrWrongStream, permanent: true},
-		{name: "subject not bound to the stream", cfg: func() natsbus.Config {
+		}, want: nats.ErrWrongStream, permanent: true},
+		{name: "subject not bound to the stream", cfg: func() nats.Config {
 			c := base
 			c.Topology.SubjectPrefix = "unbound" + base.Topology.SubjectPrefix
 			return c
-		}, want: natsbus.ErrSubjectNotBound, permanent: true},
-		{name: "stream missing (not provisioned)", cfg: func() natsbus.Config {
+		}, want: nats.ErrSubjectNotBound, permanent: true},
+		{name: "stream missing (not provisioned)", cfg: func() nats.Config {
 			c := base
 			c.Topology.Stream += "_MISSING"
 			c.Topology.SubjectPrefix = "unbound" + base.Topology.SubjectPrefix
 			return c
-		}, want: natsbus.ErrNoStream},
-		{name: "server unreachable", cfg: func() natsbus.Config {
+		}, want: nats.ErrNoStream},
+		{name: "server unreachable", cfg: func() nats.Config {
 			c := base
 			c.URL = "nats://127.0.0.1:1"
 			c.ConnectWait = 200 * time.Millisecond
 			return c
-		}, want: natsbus.ErrUnavailable},
-		{name: "no PubAck in time (server hangs)", cfg: func() natsbus.Config { return stalled },
-			before: px.Pause, want: natsbus.ErrNoAck},
+		}, want: nats.ErrUnavailable},
+		{name: "no PubAck in time (server hangs)", cfg: func() nats.Config { return stalled },
+			before: px.Pause, want: nats.ErrNoAck},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -226,8 +227,8 @@ func TestPublishOutcomes(t *testing.T) {
 				t.Fatalf("got %v, want success", err)
 			case tt.want != nil && !errors.Is(err, tt.want):
 				t.Fatalf("got %v, want %v", err, tt.want)
-			case tt.want != nil && outbox.IsPermanent(err) != tt.permanent:
-				t.Fatalf("got %v: permanent %v, want %v", err, outbox.IsPermanent(err), tt.permanent)
+			case tt.want != nil && envelope.IsPermanent(err) != tt.permanent:
+				t.Fatalf("got %v: permanent %v, want %v", err, envelope.IsPermanent(err), tt.permanent)
 			}
 		})
 	}
@@ -238,7 +239,7 @@ func TestPublishOutcomes(t *testing.T) {
 // reconnected, then succeed, without anyone restarting it.
 func TestPublisherRecoversFromConnectionLoss(t *testing.T) {
 	t.Parallel()
-	cfg := setup(t, natsbus.Corewrite())
+	cfg := setup(t, nats.Corewrite())
 	px := newProxy(t)
 	cfg.URL = px.URL()
 	cfg.AckTimeout = time.Second
@@ -254,7 +255,7 @@ func TestPublisherRecoversFromConnectionLoss(t *testing.T) {
 		if err = pub.Publish(ctx, []outbox.Message{message(newEvent("doc", "d-1", "doc.written", seq))})[0]; err == nil {
 			break
 		}
-		if outbox.IsPermanent(err) {
+		if envelope.IsPermanent(err) {
 			t.Fatalf("a dropped connection gave a permanent error: %v", err)
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -266,7 +267,7 @@ func TestPublisherRecoversFromConnectionLoss(t *testing.T) {
 
 func TestPublishNeverSendsAnAggregatesSecondMessageBeforeTheFirstIsStored(t *testing.T) {
 	t.Parallel()
-	cfg := setup(t, natsbus.Corewrite())
+	cfg := setup(t, nats.Corewrite())
 	small := cfg
 	small.Topology.MaxMsgSize = 8 << 20 // let the oversized one reach the client check
 	pub := newPublisher(t, small)
@@ -275,7 +276,7 @@ func TestPublishNeverSendsAnAggregatesSecondMessageBeforeTheFirstIsStored(t *tes
 	second := message(newEvent("doc", "d-1", "doc.deleted", 2))
 	other := message(newEvent("doc", "d-2", "doc.written", 1))
 	errs := pub.Publish(context.Background(), []outbox.Message{first, second, other})
-	if !errors.Is(errs[0], natsbus.ErrTooLarge) || !errors.Is(errs[1], natsbus.ErrPredecessorFailed) || errs[2] != nil {
+	if !errors.Is(errs[0], nats.ErrTooLarge) || !errors.Is(errs[1], nats.ErrPredecessorFailed) || errs[2] != nil {
 		t.Fatalf("got %v", errs)
 	}
 	if n := dialRaw(t).msgs(cfg.Topology.Stream); n != 1 {
@@ -285,9 +286,9 @@ func TestPublishNeverSendsAnAggregatesSecondMessageBeforeTheFirstIsStored(t *tes
 
 func TestProvisionIsIdempotentAndReportsDrift(t *testing.T) {
 	t.Parallel()
-	cfg := setup(t, natsbus.Holdco())
+	cfg := setup(t, nats.Holdco())
 	ctx := context.Background()
-	p, _ := natsbus.NewProvisioner(cfg)
+	p, _ := nats.NewProvisioner(cfg)
 	if err := p.Provision(ctx); err != nil {
 		t.Fatalf("second provision: %v", err)
 	}
@@ -316,14 +317,14 @@ func TestProvisionIsIdempotentAndReportsDrift(t *testing.T) {
 	// Changed settings are reported, not applied.
 	changed := cfg
 	changed.Topology.DuplicateWindow = transport.Duration(20 * time.Minute)
-	changed.Topology.Consumers = append([]natsbus.Consumer(nil), cfg.Topology.Consumers...)
+	changed.Topology.Consumers = append([]nats.Consumer(nil), cfg.Topology.Consumers...)
 	changed.Topology.Consumers[1].MaxAckPending = 500
-	p2, err := natsbus.NewProvisioner(changed)
+	p2, err := nats.NewProvisioner(changed)
 	if err != nil {
 		t.Fatal(err)
 	}
 	err = p2.Provision(ctx)
-	if !errors.Is(err, natsbus.ErrTopologyConflict) || !strings.Contains(err.Error(), "duplicate_window") ||
+	if !errors.Is(err, nats.ErrTopologyConflict) || !strings.Contains(err.Error(), "duplicate_window") ||
 		!strings.Contains(err.Error(), "consumer erp max_ack_pending is 1000") {
 		t.Fatalf("provisioning changed settings: %v, want ErrTopologyConflict naming both", err)
 	}

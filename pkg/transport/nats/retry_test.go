@@ -1,4 +1,4 @@
-package natsbus_test
+package nats_test
 
 import (
 	"context"
@@ -7,11 +7,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
+	natsgo "github.com/nats-io/nats.go"
 
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/inbox"
-	natsbus "github.com/fifobox/fifobox/pkg/transport/nats"
+	"github.com/fifobox/fifobox/pkg/transport"
+	nats "github.com/fifobox/fifobox/pkg/transport/nats"
 )
 
 // TestRetryDLQRedrive: the inventory consumer fails two events of one hold
@@ -22,7 +23,7 @@ import (
 // their order and each is applied once.
 func TestRetryDLQRedrive(t *testing.T) {
 	t.Parallel()
-	topo := natsbus.Ticketing()
+	topo := nats.Ticketing()
 	for i := range topo.Consumers {
 		topo.Consumers[i].Retry = fastRetry(3) // 50ms, 100ms, 200ms
 	}
@@ -53,9 +54,9 @@ func TestRetryDLQRedrive(t *testing.T) {
 	})
 	for _, e := range evs[:2] {
 		var actions []string
-		var last natsbus.Settlement
+		var last nats.Settlement
 		for _, s := range p.settledFor("inventory", e.ID) {
-			if s.Action != natsbus.ActionHeld {
+			if s.Action != nats.ActionHeld {
 				actions = append(actions, s.Action)
 				last = s
 			}
@@ -64,7 +65,7 @@ func TestRetryDLQRedrive(t *testing.T) {
 			t.Errorf("event seq %d: settlements %v (last deliveries %d class %s), want three retries then the dead letter on delivery 4", e.Sequence, actions, last.Deliveries, last.Class)
 		}
 	}
-	if f := p.settledFor("inventory", evs[1].ID); len(f) == 0 || f[0].Action != natsbus.ActionHeld {
+	if f := p.settledFor("inventory", evs[1].ID); len(f) == 0 || f[0].Action != nats.ActionHeld {
 		t.Errorf("the second event was not held behind the first: %+v", f)
 	}
 	waitRows(t, p, func(rows []appliedRow) bool { return countEvent(rows, "inventory", evs[2].ID) == 1 })
@@ -83,22 +84,23 @@ func TestRetryDLQRedrive(t *testing.T) {
 	}
 	for i, m := range dead {
 		h := m.Headers()
-		if got := h.Get(natsbus.HeaderEventID); got != evs[i].ID {
+		if got := h.Get(nats.HeaderEventID); got != evs[i].ID {
 			t.Errorf("dead letter %d is %s, want seq %d's %s (death order)", i, got, evs[i].Sequence, evs[i].ID)
 		}
-		reason := h.Get(natsbus.HeaderErrorReason)
-		if h.Get(natsbus.HeaderErrorClass) != inbox.ClassTransient || !strings.Contains(reason, "inventory service unavailable") ||
-			!strings.Contains(reason, "3 retries") || h.Get(natsbus.HeaderConsumer) != "inventory" || h.Get(natsbus.HeaderDeliveries) != "4" {
+		reason := h.Get(nats.HeaderErrorReason)
+		if h.Get(nats.HeaderErrorClass) != inbox.ClassTransient || !strings.Contains(reason, "inventory service unavailable") ||
+			!strings.Contains(reason, "3 retries") || h.Get(nats.HeaderConsumer) != "inventory" || h.Get(nats.HeaderDeliveries) != "4" {
 			t.Errorf("dead letter %d headers: %v", i, h)
 		}
-		if !strings.HasPrefix(h.Get(natsbus.HeaderSubject), p.topo.SubjectPrefix+".hold_") {
-			t.Errorf("dead letter %d original subject %q", i, h.Get(natsbus.HeaderSubject))
+		if !strings.HasPrefix(h.Get(nats.HeaderSubject), p.topo.SubjectPrefix+".hold_") {
+			t.Errorf("dead letter %d original subject %q", i, h.Get(nats.HeaderSubject))
 		}
 	}
 
 	// Fixed: redrive moves both back, in order, and each applies once.
 	p.setFail(nil)
-	moved, err := p.ops.Redrive(ctx, "inventory", 100)
+	rr, err := p.ops.Redrive(ctx, transport.RedriveRequest{Consumer: "inventory", Max: 100})
+	moved := rr.Moved
 	if err != nil || moved != 2 {
 		t.Fatalf("redrive moved %d: %v", moved, err)
 	}
@@ -114,8 +116,8 @@ func TestRetryDLQRedrive(t *testing.T) {
 	if len(order) != 3 || order[0] != 3 || order[1] != 1 || order[2] != 2 {
 		t.Errorf("h-poison applied in order %v, want [3 1 2] (3 while 1 and 2 were dead, then the redriven ones in order)", order)
 	}
-	if moved, err := p.ops.Redrive(ctx, "inventory", 100); err != nil || moved != 0 {
-		t.Errorf("second redrive moved %d (%v), want 0", moved, err)
+	if rr, err := p.ops.Redrive(ctx, transport.RedriveRequest{Consumer: "inventory", Max: 100}); err != nil || rr.Moved != 0 {
+		t.Errorf("second redrive moved %d (%v), want 0", rr.Moved, err)
 	}
 	d, err := p.ops.Depths(ctx, "inventory")
 	if err != nil || d[0].DLQ != 0 {
@@ -142,7 +144,7 @@ func TestRetryDLQRedrive(t *testing.T) {
 // an envelope or a side effect that says no retry can help.
 func TestInvalidAndPermanentGoToTheDLQAtOnce(t *testing.T) {
 	t.Parallel()
-	topo := natsbus.Corewrite()
+	topo := nats.Corewrite()
 	for i := range topo.Consumers {
 		topo.Consumers[i].Retry = fastRetry(3)
 	}
@@ -151,7 +153,7 @@ func TestInvalidAndPermanentGoToTheDLQAtOnce(t *testing.T) {
 	rejected := newEvent("doc", "d-1", "doc.written", 0)
 	p.setFail(func(consumer string, e envelope.Envelope) error {
 		if consumer == "search-indexer" && e.ID == rejected.ID {
-			return inbox.Permanent(errors.New("document schema not supported"))
+			return envelope.Permanent(errors.New("document schema not supported"))
 		}
 		return nil
 	})
@@ -159,7 +161,7 @@ func TestInvalidAndPermanentGoToTheDLQAtOnce(t *testing.T) {
 
 	// An invalid message straight into the stream: both consumers get it.
 	r := dialRaw(t)
-	msg := &nats.Msg{Subject: p.topo.SubjectPrefix + ".doc.garbage", Data: []byte(`{"v":1,"id":"nope"}`), Header: nats.Header{}}
+	msg := &natsgo.Msg{Subject: p.topo.SubjectPrefix + ".doc.garbage", Data: []byte(`{"v":1,"id":"nope"}`), Header: natsgo.Header{}}
 	msg.Header.Set("Nats-Msg-Id", "not-an-envelope")
 	if _, err := r.js.PublishMsg(ctx, msg); err != nil {
 		t.Fatal(err)
@@ -171,8 +173,8 @@ func TestInvalidAndPermanentGoToTheDLQAtOnce(t *testing.T) {
 	c, _ := p.topo.Consumer("search-indexer")
 	classes := map[string]bool{}
 	for _, m := range r.all(p.topo.DeadLetterStream, p.topo.DLQSubject(c)) {
-		classes[m.Headers().Get(natsbus.HeaderErrorClass)] = true
-		if got := m.Headers().Get(natsbus.HeaderDeliveries); got != "1" {
+		classes[m.Headers().Get(nats.HeaderErrorClass)] = true
+		if got := m.Headers().Get(nats.HeaderDeliveries); got != "1" {
 			t.Errorf("dead-lettered after %s deliveries, want at once", got)
 		}
 	}
@@ -190,7 +192,7 @@ func TestInvalidAndPermanentGoToTheDLQAtOnce(t *testing.T) {
 // it), while other aggregates are not held up.
 func TestRetryKeepsAggregateOrder(t *testing.T) {
 	t.Parallel()
-	topo := natsbus.Corewrite()
+	topo := nats.Corewrite()
 	for i := range topo.Consumers {
 		topo.Consumers[i].Retry = fastRetry(5)
 	}
@@ -217,7 +219,7 @@ func TestRetryKeepsAggregateOrder(t *testing.T) {
 	if len(order) != 3 || order[0] != 1 || order[1] != 2 || order[2] != 3 {
 		t.Errorf("d-slow applied in order %v, want [1 2 3]", order)
 	}
-	if s := p.settledFor("search-indexer", head.ID); len(s) != 3 || s[0].Action != natsbus.ActionRetry || s[1].Action != natsbus.ActionRetry || s[2].Action != natsbus.ActionApplied {
+	if s := p.settledFor("search-indexer", head.ID); len(s) != 3 || s[0].Action != nats.ActionRetry || s[1].Action != nats.ActionRetry || s[2].Action != nats.ActionApplied {
 		t.Errorf("head settlements: %+v", s)
 	}
 }

@@ -1,4 +1,4 @@
-package natsbus
+package nats
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
+	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fifobox/fifobox/pkg/envelope"
@@ -299,7 +299,7 @@ func (s *settler) deadLetter(ctx context.Context, d *delivery, class string, cau
 	if len(reason) > 1000 {
 		reason = reason[:1000]
 	}
-	h := nats.Header{}
+	h := natsgo.Header{}
 	for k, v := range d.m.Headers() {
 		if !strings.HasPrefix(strings.ToLower(k), "nats-") {
 			h[k] = v
@@ -315,7 +315,7 @@ func (s *settler) deadLetter(ctx context.Context, d *delivery, class string, cau
 	// One id per (consumer, stream message): a resend after a lost PubAck is
 	// dropped by the dead-letter stream's duplicate window.
 	h[HeaderMsgID] = []string{fmt.Sprintf("%s:%s:%d", s.c.Name, s.topo.Stream, d.seq())}
-	msg := &nats.Msg{Subject: s.topo.DLQSubject(s.c), Data: d.m.Data(), Header: h}
+	msg := &natsgo.Msg{Subject: s.topo.DLQSubject(s.c), Data: d.m.Data(), Header: h}
 	if err := s.dlq.sendOne(ctx, outgoing{msg: msg, stream: s.topo.DeadLetterStream}); err != nil {
 		wait := time.Duration(s.c.Retry.InitialDelay)
 		parkFor(wait)

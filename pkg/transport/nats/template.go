@@ -1,4 +1,4 @@
-package natsbus
+package nats
 
 import (
 	"fmt"

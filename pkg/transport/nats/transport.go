@@ -1,8 +1,10 @@
-package natsbus
+package nats
 
 import (
 	"errors"
 	"fmt"
+	"net/url"
+	"strings"
 
 	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/transport"
@@ -51,21 +53,43 @@ func FromEnv() (*Transport, error) {
 // Kind is transport.NATS.
 func (t *Transport) Kind() transport.Kind { return transport.NATS }
 
+// String names the server, stream and subjects, without credentials.
+func (t *Transport) String() string {
+	host := "(server)"
+	first, _, _ := strings.Cut(t.cfg.URL, ",")
+	if u, err := url.Parse(first); err == nil && u.Host != "" {
+		host = u.Scheme + "://" + u.Host
+	}
+	return fmt.Sprintf("NATS JetStream %s, stream %s, subjects %s.>", host, t.cfg.Topology.Stream, t.cfg.Topology.SubjectPrefix)
+}
+
 // Config is the effective configuration.
 func (t *Transport) Config() Config { return t.cfg }
 
 // Publisher returns the shared publisher.
-func (t *Transport) Publisher() transport.Publisher { return t.pub }
+func (t *Transport) Publisher() (transport.Publisher, error) { return t.pub, nil }
 
 // Provisioner returns the provisioner.
-func (t *Transport) Provisioner() transport.Provisioner { return t.prov }
+func (t *Transport) Provisioner() (transport.Provisioner, error) { return t.prov, nil }
 
 // Operations returns the operations.
-func (t *Transport) Operations() transport.Operations { return t.ops }
+func (t *Transport) Operations() (transport.Operations, error) { return t.ops, nil }
 
 // Consumer returns a Runner for the named consumer.
 func (t *Transport) Consumer(name string, db inbox.DB, apply inbox.Apply) (transport.Runner, error) {
+	if err := t.inTopology(name); err != nil {
+		return nil, err
+	}
 	return NewRunner(t.cfg, db, apply, ConsumerConfig{Consumer: name, LogAggregateIDs: Env.Get(EnvLogAggregateIDs) == "true"})
+}
+
+// inTopology reports a consumer the topology lacks, naming the variable
+// that chose the topology.
+func (t *Transport) inTopology(name string) error {
+	if _, ok := t.cfg.Topology.Consumer(name); !ok {
+		return fmt.Errorf("consumer %q is not in the topology (%s)", name, EnvTopology)
+	}
+	return nil
 }
 
 // Close closes the publisher's and operations' connections.

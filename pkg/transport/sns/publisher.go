@@ -1,11 +1,4 @@
-// Package snspub is the outbox.Publisher for an SNS FIFO topic.
-//
-// It sends PublishBatch calls of at most 10 entries and 262,144 bytes, with
-// MessageGroupId = aggregate id and MessageDeduplicationId = event id, and
-// maps every entry's result to nil (published), a retryable error
-// (throttling, 5xx, network) or outbox.Permanent (the request itself is
-// invalid, so no retry can succeed).
-package snspub
+package sns
 
 import (
 	"context"
@@ -14,7 +7,7 @@ import (
 	"strconv"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/sns"
+	snssvc "github.com/aws/aws-sdk-go-v2/service/sns"
 	"github.com/aws/aws-sdk-go-v2/service/sns/types"
 	"github.com/aws/smithy-go"
 
@@ -23,13 +16,8 @@ import (
 	"github.com/fifobox/fifobox/pkg/wire"
 )
 
-// API is the part of the SNS client the publisher uses.
-type API interface {
-	PublishBatch(ctx context.Context, in *sns.PublishBatchInput, optFns ...func(*sns.Options)) (*sns.PublishBatchOutput, error)
-}
-
-// Config configures a Publisher.
-type Config struct {
+// PublisherConfig configures a Publisher.
+type PublisherConfig struct {
 	// TopicARN of the SNS FIFO topic. Required.
 	TopicARN string
 	// MaxEntries per PublishBatch call. Default 10, the SNS limit.
@@ -42,7 +30,7 @@ type Config struct {
 	Wire *wire.Mapper
 }
 
-func (c *Config) setDefaults() {
+func (c *PublisherConfig) setDefaults() {
 	if c.MaxEntries == 0 {
 		c.MaxEntries = 10
 	}
@@ -52,7 +40,7 @@ func (c *Config) setDefaults() {
 }
 
 // Validate reports the first invalid field.
-func (c Config) Validate() error {
+func (c PublisherConfig) Validate() error {
 	switch {
 	case c.TopicARN == "":
 		return errors.New("TopicARN: required")
@@ -64,14 +52,19 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Publisher publishes outbox messages to SNS FIFO.
+// Publisher is the outbox.Publisher for an SNS FIFO topic. It sends
+// PublishBatch calls of at most 10 entries and 262,144 bytes, with
+// MessageGroupId = aggregate id and MessageDeduplicationId = event id, and
+// maps every entry's result to nil (published), a retryable error
+// (throttling, 5xx, network) or envelope.Permanent (the request itself is
+// invalid, so no retry can succeed).
 type Publisher struct {
-	api API
-	cfg Config
+	api SNSAPI
+	cfg PublisherConfig
 }
 
-// New returns a Publisher.
-func New(api API, cfg Config) (*Publisher, error) {
+// NewPublisher returns a Publisher.
+func NewPublisher(api SNSAPI, cfg PublisherConfig) (*Publisher, error) {
 	if api == nil {
 		return nil, errors.New("new sns publisher: api is nil")
 	}
@@ -87,7 +80,7 @@ var _ outbox.Publisher = (*Publisher)(nil)
 // ErrPredecessorFailed is returned for a message whose earlier message of the
 // same group in the same Publish call was not published: sending it would
 // break the group's order.
-var ErrPredecessorFailed = errors.New("snspub: an earlier message of the same group was not published")
+var ErrPredecessorFailed = errors.New("sns publisher: an earlier message of the same group was not published")
 
 // Publish implements outbox.Publisher. Messages of one group are published
 // strictly in the given order, each only after the previous one succeeded
@@ -165,14 +158,14 @@ func (p *Publisher) publishBatch(ctx context.Context, msgs []outbox.Message, idx
 			Id:                     aws.String(strconv.Itoa(k)),
 			Message:                aws.String(string(m.Body)),
 			MessageGroupId:         aws.String(m.GroupID),
-			MessageDeduplicationId: aws.String(m.DedupID),
+			MessageDeduplicationId: aws.String(m.EventID),
 			MessageAttributes:      attrs,
 		}
 	}
-	out, err := p.api.PublishBatch(ctx, &sns.PublishBatchInput{TopicArn: aws.String(p.cfg.TopicARN), PublishBatchRequestEntries: entries})
+	out, err := p.api.PublishBatch(ctx, &snssvc.PublishBatchInput{TopicArn: aws.String(p.cfg.TopicARN), PublishBatchRequestEntries: entries})
 	if err != nil {
 		err = classify(err)
-		if outbox.IsPermanent(err) && len(idx) > 1 {
+		if envelope.IsPermanent(err) && len(idx) > 1 {
 			// One bad entry can fail a whole call: isolate it so the others
 			// are not declared dead with it.
 			for _, i := range idx {
@@ -199,7 +192,7 @@ func (p *Publisher) publishBatch(ctx context.Context, msgs []outbox.Message, idx
 		done[k] = true
 		e := fmt.Errorf("sns publish entry: %s: %s", aws.ToString(f.Code), aws.ToString(f.Message))
 		if f.SenderFault && permanentCode(aws.ToString(f.Code)) {
-			e = outbox.Permanent(e)
+			e = envelope.Permanent(e)
 		}
 		errs[idx[k]] = e
 	}
@@ -225,7 +218,7 @@ func classify(err error) error {
 	var apiErr smithy.APIError
 	if errors.As(err, &apiErr) {
 		if apiErr.ErrorFault() == smithy.FaultClient && permanentCode(apiErr.ErrorCode()) {
-			return outbox.Permanent(err)
+			return envelope.Permanent(err)
 		}
 	}
 	return err

@@ -1,4 +1,4 @@
-package inbox_test
+package sns_test
 
 import (
 	"context"
@@ -19,10 +19,9 @@ import (
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/outbox"
-	"github.com/fifobox/fifobox/pkg/outbox/snspub"
 	"github.com/fifobox/fifobox/pkg/readmodel"
 	"github.com/fifobox/fifobox/pkg/topology"
-	"github.com/fifobox/fifobox/pkg/topology/provision"
+	"github.com/fifobox/fifobox/pkg/transport/sns"
 )
 
 func oneConsumer(maxReceive int) topology.Topology {
@@ -36,12 +35,12 @@ func oneConsumer(maxReceive int) topology.Topology {
 // consumerSetup gives a test its own schema, its own one-consumer topology
 // ("c", maxReceiveCount maxReceive, visibility timeout 6s) on the emulator,
 // and the inbox handler (testApply) for that consumer.
-func consumerSetup(t *testing.T, maxReceive int, order inbox.Order) (*pgtest.DB, *emulatortest.Env, provision.Queue, *inbox.Handler) {
+func consumerSetup(t *testing.T, maxReceive int, order inbox.Order) (*pgtest.DB, *emulatortest.Env, sns.Queue, *sns.Handler) {
 	t.Helper()
 	db := newDB(t)
 	env := emulatortest.New(t, oneConsumer(maxReceive), 6)
 	q := env.Queues["c"]
-	h, err := inbox.NewHandler(db.Pool, env.SQS, testApply, inbox.HandlerConfig{Consumer: "c", DLQURL: q.DLQURL, Order: order})
+	h, err := sns.NewHandler(db.Pool, env.SQS, testApply, sns.HandlerConfig{Consumer: "c", DLQURL: q.DLQURL, Order: order})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,14 +49,14 @@ func consumerSetup(t *testing.T, maxReceive int, order inbox.Order) (*pgtest.DB,
 
 func publish(t *testing.T, env *emulatortest.Env, evs ...envelope.Envelope) {
 	t.Helper()
-	pub, err := snspub.New(env.SNS, snspub.Config{TopicARN: env.TopicARN})
+	pub, err := sns.NewPublisher(env.SNS, sns.PublisherConfig{TopicARN: env.TopicARN})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var msgs []outbox.Message
 	for _, e := range evs {
 		b, _ := e.Encode()
-		msgs = append(msgs, outbox.Message{EventID: e.ID, DedupID: e.ID, GroupID: e.AggregateID, Sequence: e.Sequence, Body: b, Attributes: e.Attributes()})
+		msgs = append(msgs, outbox.Message{EventID: e.ID, GroupID: e.AggregateID, Sequence: e.Sequence, Body: b, Attributes: e.Attributes()})
 	}
 	for i, err := range pub.Publish(context.Background(), msgs) {
 		if err != nil {
@@ -81,7 +80,7 @@ func receiveAll(t *testing.T, c *sqs.Client, url string, want int, within time.D
 	return got
 }
 
-func runUntil(t *testing.T, r *inbox.Runner, done func() bool, within time.Duration) {
+func runUntil(t *testing.T, r *sns.Runner, done func() bool, within time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for !done() {
@@ -105,7 +104,7 @@ func TestPoisonMessageMovesToDLQAndGroupContinues(t *testing.T) {
 	publish(t, env, poison, y1)
 	publish(t, env, x2, y2)
 	publish(t, env, x3)
-	r := &inbox.Runner{SQS: env.SQS, QueueURL: q.URL, QueueARN: q.ARN, Handler: h.Handle, RetryDelay: time.Second}
+	r := &sns.Runner{SQS: env.SQS, QueueURL: q.URL, QueueARN: q.ARN, Handler: h.Handle, RetryDelay: time.Second}
 	runUntil(t, r, func() bool {
 		return countEffects(t, db, x3.ID) == 1 && countEffects(t, db, y2.ID) == 1
 	}, time.Minute)
@@ -144,17 +143,17 @@ func TestInvalidEnvelopeToDLQAtOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	r := &inbox.Runner{SQS: env.SQS, QueueURL: q.URL, QueueARN: q.ARN, Handler: h.Handle}
+	r := &sns.Runner{SQS: env.SQS, QueueURL: q.URL, QueueARN: q.ARN, Handler: h.Handle}
 	runUntil(t, r, func() bool { return countEffects(t, db, good.ID) == 1 }, 30*time.Second)
 	dead := receiveAll(t, env.SQS, q.DLQURL, 1, 10*time.Second)
 	if len(dead) != 1 {
 		t.Fatalf("DLQ holds %d, want 1", len(dead))
 	}
 	m := dead[0]
-	if c := aws.ToString(m.MessageAttributes[inbox.AttrErrorClass].StringValue); c != inbox.ClassInvalid {
+	if c := aws.ToString(m.MessageAttributes[sns.AttrErrorClass].StringValue); c != inbox.ClassInvalid {
 		t.Fatalf("error class %q", c)
 	}
-	if reason := aws.ToString(m.MessageAttributes[inbox.AttrErrorReason].StringValue); reason == "" || m.Attributes["ApproximateReceiveCount"] == "" {
+	if reason := aws.ToString(m.MessageAttributes[sns.AttrErrorReason].StringValue); reason == "" || m.Attributes["ApproximateReceiveCount"] == "" {
 		t.Fatalf("reason %q attrs %v", reason, m.Attributes)
 	}
 	if m.Attributes["MessageGroupId"] != "I" {
@@ -173,7 +172,7 @@ func TestEndToEndThroughConsumerWithDuplicates(t *testing.T) {
 	topo := topology.Default()
 	env := emulatortest.New(t, topo, 6)
 	q := env.Queues["orders-projection"]
-	h, err := inbox.NewHandler(db.Pool, env.SQS, readmodel.Apply, inbox.HandlerConfig{Consumer: "orders-projection", DLQURL: q.DLQURL})
+	h, err := sns.NewHandler(db.Pool, env.SQS, readmodel.Apply, sns.HandlerConfig{Consumer: "orders-projection", DLQURL: q.DLQURL})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,10 +217,10 @@ func TestEndToEndThroughConsumerWithDuplicates(t *testing.T) {
 		rwg.Add(1)
 		go func() {
 			defer rwg.Done()
-			_ = (&inbox.Runner{SQS: env.SQS, QueueURL: q.URL, QueueARN: q.ARN, Handler: handler}).Run(rctx)
+			_ = (&sns.Runner{SQS: env.SQS, QueueURL: q.URL, QueueARN: q.ARN, Handler: handler}).Run(rctx)
 		}()
 	}
-	pub, _ := snspub.New(env.SNS, snspub.Config{TopicARN: env.TopicARN})
+	pub, _ := sns.NewPublisher(env.SNS, sns.PublisherConfig{TopicARN: env.TopicARN})
 	d, _ := outbox.NewDispatcher(db.Pool, pub, outbox.DispatcherConfig{})
 	var dwg sync.WaitGroup
 	dwg.Add(1)
@@ -303,7 +302,7 @@ func TestRunnerFinishesTheBatchInHandWhenStopped(t *testing.T) {
 		}
 		return h.Handle(hctx, batch)
 	}
-	r := &inbox.Runner{SQS: env.SQS, QueueURL: q.URL, QueueARN: q.ARN, Handler: handler, HandlerTimeout: 10 * time.Second}
+	r := &sns.Runner{SQS: env.SQS, QueueURL: q.URL, QueueARN: q.ARN, Handler: handler, HandlerTimeout: 10 * time.Second}
 	if err := r.Run(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package snspub_test
+package sns_test
 
 import (
 	"context"
@@ -19,8 +19,8 @@ import (
 	"github.com/fifobox/fifobox/internal/pgtest"
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
-	"github.com/fifobox/fifobox/pkg/outbox/snspub"
 	"github.com/fifobox/fifobox/pkg/topology"
+	"github.com/fifobox/fifobox/pkg/transport/sns"
 )
 
 var orderFlow = []string{"order.created", "order.paid", "order.shipped", "order.updated"}
@@ -227,7 +227,7 @@ func TestEndToEndThroughEmulator(t *testing.T) {
 	topo := topology.Default()
 	env := emulatortest.New(t, topo, 30)
 	p := newPipeline(t, env, topo)
-	pub, err := snspub.New(env.SNS, snspub.Config{TopicARN: env.TopicARN})
+	pub, err := sns.NewPublisher(env.SNS, sns.PublisherConfig{TopicARN: env.TopicARN})
 	if err != nil {
 		t.Fatal(err)
 	}

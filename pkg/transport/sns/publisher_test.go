@@ -1,4 +1,4 @@
-package snspub_test
+package sns_test
 
 import (
 	"context"
@@ -9,25 +9,27 @@ import (
 	"testing"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/sns"
+	snssvc "github.com/aws/aws-sdk-go-v2/service/sns"
 	"github.com/aws/aws-sdk-go-v2/service/sns/types"
 	"github.com/aws/smithy-go"
 
+	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
-	"github.com/fifobox/fifobox/pkg/outbox/snspub"
+	"github.com/fifobox/fifobox/pkg/transport/sns"
 )
 
 // fakeSNS records calls and answers per entry through a callback.
 type fakeSNS struct {
-	mu    sync.Mutex
-	calls [][]types.PublishBatchRequestEntry
+	sns.SNSAPI // only PublishBatch is called; the rest panics
+	mu         sync.Mutex
+	calls      [][]types.PublishBatchRequestEntry
 	// entry decides an entry's fate: nil = success, else a failure.
 	entry func(e types.PublishBatchRequestEntry) *types.BatchResultErrorEntry
 	// call, if set, fails the whole call.
 	call func(entries []types.PublishBatchRequestEntry) error
 }
 
-func (f *fakeSNS) PublishBatch(ctx context.Context, in *sns.PublishBatchInput, _ ...func(*sns.Options)) (*sns.PublishBatchOutput, error) {
+func (f *fakeSNS) PublishBatch(ctx context.Context, in *snssvc.PublishBatchInput, _ ...func(*snssvc.Options)) (*snssvc.PublishBatchOutput, error) {
 	f.mu.Lock()
 	f.calls = append(f.calls, in.PublishBatchRequestEntries)
 	f.mu.Unlock()
@@ -36,7 +38,7 @@ func (f *fakeSNS) PublishBatch(ctx context.Context, in *sns.PublishBatchInput, _
 			return nil, err
 		}
 	}
-	out := &sns.PublishBatchOutput{}
+	out := &snssvc.PublishBatchOutput{}
 	for _, e := range in.PublishBatchRequestEntries {
 		if f.entry != nil {
 			if fail := f.entry(e); fail != nil {
@@ -52,7 +54,7 @@ func (f *fakeSNS) PublishBatch(ctx context.Context, in *sns.PublishBatchInput, _
 
 func msg(group string, seq int64, bodySize int) outbox.Message {
 	return outbox.Message{
-		EventID: fmt.Sprintf("00000000-0000-7000-8000-%012d", seq), DedupID: fmt.Sprintf("00000000-0000-7000-8000-%012d", seq),
+		EventID: fmt.Sprintf("00000000-0000-7000-8000-%012d", seq),
 		GroupID: group, Sequence: seq, Body: []byte(strings.Repeat("b", bodySize)),
 		Attributes: map[string]string{"event_type": "order.created", "aggregate_type": "order"},
 	}
@@ -61,7 +63,7 @@ func msg(group string, seq int64, bodySize int) outbox.Message {
 func TestSplitsByEntriesAndBytes(t *testing.T) {
 	t.Parallel()
 	f := &fakeSNS{}
-	p, err := snspub.New(f, snspub.Config{TopicARN: "arn:aws:sns:us-east-1:000000000000:t.fifo"})
+	p, err := sns.NewPublisher(f, sns.PublisherConfig{TopicARN: "arn:aws:sns:us-east-1:000000000000:t.fifo"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +91,7 @@ func TestSplitsByEntriesAndBytes(t *testing.T) {
 		t.Fatalf("calls of %v entries, want 2,2", got)
 	}
 	e := f.calls[0][0]
-	if aws.ToString(e.MessageGroupId) != "a" || aws.ToString(e.MessageDeduplicationId) != big[0].DedupID ||
+	if aws.ToString(e.MessageGroupId) != "a" || aws.ToString(e.MessageDeduplicationId) != big[0].EventID ||
 		aws.ToString(e.MessageAttributes["event_type"].StringValue) != "order.created" {
 		t.Fatalf("entry = %+v", e)
 	}
@@ -130,13 +132,13 @@ func TestPerEntryResultClassification(t *testing.T) {
 				}
 				return nil
 			}}
-			p, _ := snspub.New(f, snspub.Config{TopicARN: "arn"})
+			p, _ := sns.NewPublisher(f, sns.PublisherConfig{TopicARN: "arn"})
 			errs := p.Publish(context.Background(), []outbox.Message{msg("ok1", 1, 10), msg("bad", 2, 10), msg("ok2", 3, 10)})
 			if errs[0] != nil || errs[2] != nil {
 				t.Fatalf("neighbours failed: %v", errs)
 			}
-			if errs[1] == nil || outbox.IsPermanent(errs[1]) != tc.permanent {
-				t.Fatalf("entry error %v: permanent=%v, want %v", errs[1], outbox.IsPermanent(errs[1]), tc.permanent)
+			if errs[1] == nil || envelope.IsPermanent(errs[1]) != tc.permanent {
+				t.Fatalf("entry error %v: permanent=%v, want %v", errs[1], envelope.IsPermanent(errs[1]), tc.permanent)
 			}
 		})
 	}
@@ -146,9 +148,9 @@ func TestWholeCallErrors(t *testing.T) {
 	t.Parallel()
 	throttle := &smithy.GenericAPIError{Code: "Throttling", Message: "Rate exceeded", Fault: smithy.FaultClient}
 	f := &fakeSNS{call: func([]types.PublishBatchRequestEntry) error { return throttle }}
-	p, _ := snspub.New(f, snspub.Config{TopicARN: "arn"})
+	p, _ := sns.NewPublisher(f, sns.PublisherConfig{TopicARN: "arn"})
 	for _, e := range p.Publish(context.Background(), []outbox.Message{msg("a", 1, 10), msg("b", 2, 10)}) {
-		if e == nil || outbox.IsPermanent(e) || !errors.As(e, new(smithy.APIError)) {
+		if e == nil || envelope.IsPermanent(e) || !errors.As(e, new(smithy.APIError)) {
 			t.Fatalf("throttled call: %v, want retryable API error", e)
 		}
 	}
@@ -163,9 +165,9 @@ func TestWholeCallErrors(t *testing.T) {
 		}
 		return nil
 	}}
-	p, _ = snspub.New(f, snspub.Config{TopicARN: "arn"})
+	p, _ = sns.NewPublisher(f, sns.PublisherConfig{TopicARN: "arn"})
 	errs := p.Publish(context.Background(), []outbox.Message{msg("a", 1, 10), msg("bad", 2, 10), msg("c", 3, 10)})
-	if errs[0] != nil || errs[2] != nil || !outbox.IsPermanent(errs[1]) {
+	if errs[0] != nil || errs[2] != nil || !envelope.IsPermanent(errs[1]) {
 		t.Fatalf("errs = %v; want only the bad entry permanent", errs)
 	}
 }
@@ -175,37 +177,37 @@ func TestWholeCallErrors(t *testing.T) {
 func TestSameGroupKeepsOrder(t *testing.T) {
 	t.Parallel()
 	f := &fakeSNS{}
-	p, _ := snspub.New(f, snspub.Config{TopicARN: "arn"})
+	p, _ := sns.NewPublisher(f, sns.PublisherConfig{TopicARN: "arn"})
 	errs := p.Publish(context.Background(), []outbox.Message{msg("g", 1, 10), msg("h", 2, 10), msg("g", 3, 10)})
 	for _, e := range errs {
 		if e != nil {
 			t.Fatal(e)
 		}
 	}
-	if len(f.calls) != 2 || aws.ToString(f.calls[1][0].MessageGroupId) != "g" || aws.ToString(f.calls[1][0].MessageDeduplicationId) != msg("g", 3, 0).DedupID {
+	if len(f.calls) != 2 || aws.ToString(f.calls[1][0].MessageGroupId) != "g" || aws.ToString(f.calls[1][0].MessageDeduplicationId) != msg("g", 3, 0).EventID {
 		t.Fatalf("calls = %v; want g#1,h then g#3", lens(f.calls))
 	}
 	f = &fakeSNS{entry: func(e types.PublishBatchRequestEntry) *types.BatchResultErrorEntry {
-		if aws.ToString(e.MessageDeduplicationId) == msg("g", 1, 0).DedupID {
+		if aws.ToString(e.MessageDeduplicationId) == msg("g", 1, 0).EventID {
 			return &types.BatchResultErrorEntry{Code: aws.String("InternalError")}
 		}
 		return nil
 	}}
-	p, _ = snspub.New(f, snspub.Config{TopicARN: "arn"})
+	p, _ = sns.NewPublisher(f, sns.PublisherConfig{TopicARN: "arn"})
 	errs = p.Publish(context.Background(), []outbox.Message{msg("g", 1, 10), msg("g", 3, 10)})
-	if errs[0] == nil || !errors.Is(errs[1], snspub.ErrPredecessorFailed) || len(f.calls) != 1 {
+	if errs[0] == nil || !errors.Is(errs[1], sns.ErrPredecessorFailed) || len(f.calls) != 1 {
 		t.Fatalf("errs = %v, calls %d; the successor must not be sent after its predecessor failed", errs, len(f.calls))
 	}
 }
 
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
-	for name, cfg := range map[string]snspub.Config{
+	for name, cfg := range map[string]sns.PublisherConfig{
 		"no topic":    {},
 		"11 entries":  {TopicARN: "a", MaxEntries: 11},
 		"bytes > 256": {TopicARN: "a", MaxBatchBytes: 300000},
 	} {
-		if _, err := snspub.New(&fakeSNS{}, cfg); err == nil {
+		if _, err := sns.NewPublisher(&fakeSNS{}, cfg); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}

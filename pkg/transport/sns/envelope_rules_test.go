@@ -1,4 +1,4 @@
-package inbox_test
+package sns_test
 
 import (
 	"context"
@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fifobox/fifobox/pkg/envelope"
-	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/outbox"
+	"github.com/fifobox/fifobox/pkg/transport/sns"
 )
 
 // What the producer accepts, the consumer reads: envelopes at each limit go
@@ -73,7 +73,7 @@ func TestEnqueuedEnvelopesAreReadableByTheConsumer(t *testing.T) {
 	if err != nil || len(bodies) != len(accepted) {
 		t.Fatalf("%d rows in the outbox (%v), want %d", len(bodies), err, len(accepted))
 	}
-	h, _ := inbox.NewHandler(db.Pool, &fakeDLQ{}, testApply, inbox.HandlerConfig{Consumer: "c", DLQURL: "d"})
+	h, _ := sns.NewHandler(db.Pool, &fakeDLQ{}, testApply, sns.HandlerConfig{Consumer: "c", DLQURL: "d"})
 	var batch events.SQSEvent
 	for i, b := range bodies {
 		batch.Records = append(batch.Records, events.SQSMessage{MessageId: string(rune('a' + i)), Body: string(b), Attributes: map[string]string{"MessageGroupId": "edge"}})

@@ -1,4 +1,4 @@
-package inbox
+package sns
 
 import (
 	"context"
@@ -14,19 +14,13 @@ import (
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 )
 
-// SQSAPI is the part of the SQS client the Runner uses.
-type SQSAPI interface {
-	ReceiveMessage(ctx context.Context, in *sqs.ReceiveMessageInput, optFns ...func(*sqs.Options)) (*sqs.ReceiveMessageOutput, error)
-	DeleteMessageBatch(ctx context.Context, in *sqs.DeleteMessageBatchInput, optFns ...func(*sqs.Options)) (*sqs.DeleteMessageBatchOutput, error)
-	ChangeMessageVisibilityBatch(ctx context.Context, in *sqs.ChangeMessageVisibilityBatchInput, optFns ...func(*sqs.Options)) (*sqs.ChangeMessageVisibilityBatchOutput, error)
-}
-
-// BatchFunc is a Lambda SQS handler.
+// BatchFunc is a Lambda SQS handler (Handler.Handle).
 type BatchFunc func(ctx context.Context, ev events.SQSEvent) (events.SQSEventResponse, error)
 
-// Runner is a local stand-in for Lambda's SQS event source mapping: it
-// long-polls a queue, hands batches of up to 10 records to the same handler
-// the Lambda runs, and deletes exactly the records not reported as failed.
+// Runner is the SQS consumer as a long-running process (transport.Runner),
+// a stand-in for Lambda's SQS event source mapping: it long-polls a queue,
+// hands batches of up to 10 records to the same handler the Lambda runs,
+// and deletes exactly the records not reported as failed.
 // Failed records stay in flight and come back after the visibility timeout
 // (or after RetryDelay, if set), so maxReceiveCount and the DLQ work as in AWS.
 type Runner struct {
@@ -51,7 +45,7 @@ type Runner struct {
 // Run polls until ctx is done.
 func (r *Runner) Run(ctx context.Context) error {
 	if r.SQS == nil || r.QueueURL == "" || r.Handler == nil {
-		return errors.New("inbox runner: SQS, QueueURL and Handler are required")
+		return errors.New("sqs runner: SQS, QueueURL and Handler are required")
 	}
 	log := r.Logger
 	if log == nil {
@@ -59,7 +53,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	for ctx.Err() == nil {
 		if _, err := r.Poll(ctx, 1); err != nil && ctx.Err() == nil {
-			log.Warn("inbox runner: poll failed", "queue", r.QueueURL, "error", err.Error())
+			log.Warn("sqs runner: poll failed", "queue", r.QueueURL, "error", err.Error())
 			time.Sleep(200 * time.Millisecond)
 		}
 	}

@@ -1,4 +1,4 @@
-package inbox_test
+package sns_test
 
 import (
 	"context"
@@ -14,8 +14,8 @@ import (
 
 	"github.com/fifobox/fifobox/internal/pgtest"
 	"github.com/fifobox/fifobox/pkg/envelope"
-	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/readmodel"
+	"github.com/fifobox/fifobox/pkg/transport/sns"
 )
 
 // BenchmarkConsumer measures messages/s through the SQS batch handler with
@@ -108,7 +108,7 @@ func BenchmarkConsumer(b *testing.B) {
 		})
 		b.Run("with-inbox", func(b *testing.B) {
 			db := pgtest.New(b)
-			h, _ := inbox.NewHandler(db.Pool, &fakeDLQ{}, readmodel.Apply, inbox.HandlerConfig{Consumer: "orders-projection", DLQURL: "d"})
+			h, _ := sns.NewHandler(db.Pool, &fakeDLQ{}, readmodel.Apply, sns.HandlerConfig{Consumer: "orders-projection", DLQURL: "d"})
 			batches := makeBatches(b.N)
 			b.ResetTimer()
 			r := run(b, batches, func(ev events.SQSEvent) error {

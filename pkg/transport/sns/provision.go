@@ -1,10 +1,4 @@
-// Package provision creates a topology (SNS FIFO topic, SQS FIFO queues and
-// DLQs, raw-delivery subscriptions with filter policies and their own FIFO
-// dead-letter queues) through the AWS API.
-// It is what `make local` and the integration tests use against the local
-// emulator, LocalStack or Floci; in AWS the CDK app creates the same
-// resources from the same topology definition.
-package provision
+package sns
 
 import (
 	"context"
@@ -14,27 +8,15 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/sns"
+	snssvc "github.com/aws/aws-sdk-go-v2/service/sns"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/fifobox/fifobox/pkg/topology"
 )
 
-// SNSAPI is the part of the SNS client provisioning uses.
-type SNSAPI interface {
-	CreateTopic(ctx context.Context, in *sns.CreateTopicInput, optFns ...func(*sns.Options)) (*sns.CreateTopicOutput, error)
-	Subscribe(ctx context.Context, in *sns.SubscribeInput, optFns ...func(*sns.Options)) (*sns.SubscribeOutput, error)
-}
-
-// SQSAPI is the part of the SQS client provisioning uses.
-type SQSAPI interface {
-	CreateQueue(ctx context.Context, in *sqs.CreateQueueInput, optFns ...func(*sqs.Options)) (*sqs.CreateQueueOutput, error)
-	GetQueueAttributes(ctx context.Context, in *sqs.GetQueueAttributesInput, optFns ...func(*sqs.Options)) (*sqs.GetQueueAttributesOutput, error)
-}
-
-// Options adjust names and timings for local use.
-type Options struct {
+// ProvisionOptions adjust names and timings for local use.
+type ProvisionOptions struct {
 	// Prefix is prepended to every topic and queue name, so parallel tests
 	// get their own resources on one emulator. Default none.
 	Prefix string
@@ -66,13 +48,18 @@ type Resources struct {
 	Queues map[string]Queue
 }
 
-// Provision creates the topology's resources. It is idempotent: creating an
-// existing topic, queue or subscription with the same attributes returns it.
-func Provision(ctx context.Context, snsc SNSAPI, sqsc SQSAPI, t topology.Topology, opt Options) (Resources, error) {
+// Provision creates a topology (SNS FIFO topic, SQS FIFO queues and DLQs,
+// raw-delivery subscriptions with filter policies and their own FIFO
+// dead-letter queues) through the AWS API. It is what make local and the
+// integration tests use against the local emulator, LocalStack or Floci; in
+// AWS the CDK app creates the same resources from the same topology
+// definition. It is idempotent: creating an existing topic, queue or
+// subscription with the same attributes returns it.
+func Provision(ctx context.Context, snsc SNSAPI, sqsc SQSAPI, t topology.Topology, opt ProvisionOptions) (Resources, error) {
 	if err := t.Validate(); err != nil {
 		return Resources{}, fmt.Errorf("provision: %w", err)
 	}
-	topic, err := snsc.CreateTopic(ctx, &sns.CreateTopicInput{
+	topic, err := snsc.CreateTopic(ctx, &snssvc.CreateTopicInput{
 		Name: aws.String(opt.Prefix + t.Topic.Name),
 		Attributes: map[string]string{
 			"FifoTopic":                 "true",
@@ -94,7 +81,7 @@ func Provision(ctx context.Context, snsc SNSAPI, sqsc SQSAPI, t topology.Topolog
 	return res, nil
 }
 
-func provisionConsumer(ctx context.Context, snsc SNSAPI, sqsc SQSAPI, topicARN string, c topology.Consumer, opt Options) (Queue, error) {
+func provisionConsumer(ctx context.Context, snsc SNSAPI, sqsc SQSAPI, topicARN string, c topology.Consumer, opt ProvisionOptions) (Queue, error) {
 	vis := c.VisibilityTimeoutSeconds
 	if opt.VisibilityTimeoutSeconds > 0 {
 		vis = opt.VisibilityTimeoutSeconds
@@ -128,7 +115,7 @@ func provisionConsumer(ctx context.Context, snsc SNSAPI, sqsc SQSAPI, topicARN s
 		attrs["FilterPolicy"] = fp
 		attrs["FilterPolicyScope"] = "MessageAttributes"
 	}
-	if _, err := snsc.Subscribe(ctx, &sns.SubscribeInput{
+	if _, err := snsc.Subscribe(ctx, &snssvc.SubscribeInput{
 		TopicArn: aws.String(topicARN), Protocol: aws.String("sqs"), Endpoint: aws.String(arn),
 		Attributes: attrs, ReturnSubscriptionArn: true,
 	}); err != nil {

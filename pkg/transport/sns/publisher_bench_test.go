@@ -1,4 +1,4 @@
-package snspub_test
+package sns_test
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/sns"
+	snssvc "github.com/aws/aws-sdk-go-v2/service/sns"
 	snstypes "github.com/aws/aws-sdk-go-v2/service/sns/types"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
@@ -22,8 +22,8 @@ import (
 	"github.com/fifobox/fifobox/internal/pgtest"
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
-	"github.com/fifobox/fifobox/pkg/outbox/snspub"
 	"github.com/fifobox/fifobox/pkg/topology"
+	"github.com/fifobox/fifobox/pkg/transport/sns"
 )
 
 const benchConcurrency = 16 // the dispatcher's default PublishConcurrency
@@ -65,7 +65,7 @@ func BenchmarkThroughEmulator(b *testing.B) {
 			env := emulatortest.New(b, topo, 0)
 			db := pgtest.New(b)
 			enqueueSpread(b, db, b.N, max(b.N/benchEventsPerAggregate(), 1))
-			pub, err := snspub.New(env.SNS, snspub.Config{TopicARN: env.TopicARN})
+			pub, err := sns.NewPublisher(env.SNS, sns.PublisherConfig{TopicARN: env.TopicARN})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -135,7 +135,7 @@ func latencyAt1000(b *testing.B, aggregate func(i int) string) {
 	const rate = 1000
 	env := emulatortest.New(b, topology.Default(), 0)
 	db := pgtest.New(b)
-	sp, err := snspub.New(env.SNS, snspub.Config{TopicARN: env.TopicARN})
+	sp, err := sns.NewPublisher(env.SNS, sns.PublisherConfig{TopicARN: env.TopicARN})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -261,7 +261,7 @@ func BenchmarkDeepAggregateThroughEmulator(b *testing.B) {
 	env := emulatortest.New(b, topology.Default(), 0)
 	db := pgtest.New(b)
 	enqueueSpread(b, db, b.N, 1)
-	sp, err := snspub.New(env.SNS, snspub.Config{TopicARN: env.TopicARN})
+	sp, err := sns.NewPublisher(env.SNS, sns.PublisherConfig{TopicARN: env.TopicARN})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -328,7 +328,7 @@ func rawRound(b *testing.B, topo topology.Topology) (rate, deliveriesPerEvent fl
 						MessageAttributes: snsAttrs(attrs[n]),
 					})
 				}
-				out, err := env.SNS.PublishBatch(context.Background(), &sns.PublishBatchInput{TopicArn: aws.String(env.TopicARN), PublishBatchRequestEntries: entries})
+				out, err := env.SNS.PublishBatch(context.Background(), &snssvc.PublishBatchInput{TopicArn: aws.String(env.TopicARN), PublishBatchRequestEntries: entries})
 				if err != nil || len(out.Failed) > 0 {
 					b.Errorf("raw publish: %v %v", err, out)
 					return

@@ -1,4 +1,4 @@
-package snspub_test
+package sns_test
 
 import (
 	"context"
@@ -7,8 +7,8 @@ import (
 
 	"github.com/fifobox/fifobox/internal/emulatortest"
 	"github.com/fifobox/fifobox/pkg/outbox"
-	"github.com/fifobox/fifobox/pkg/outbox/snspub"
 	"github.com/fifobox/fifobox/pkg/topology"
+	"github.com/fifobox/fifobox/pkg/transport/sns"
 )
 
 // The broker goes away mid-run (killed) and comes back: publishes fail and
@@ -22,7 +22,7 @@ func TestEmulatorOutage(t *testing.T) {
 	topo := topology.Default()
 	env := emulatortest.NewAt(t, proc.URL, topo, 5) // messages in flight at the kill return in 5s
 	p := newPipeline(t, env, topo)
-	pub, err := snspub.New(env.SNS, snspub.Config{TopicARN: env.TopicARN})
+	pub, err := sns.NewPublisher(env.SNS, sns.PublisherConfig{TopicARN: env.TopicARN})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package inbox_test
+package sns_test
 
 import (
 	"bytes"
@@ -17,6 +17,7 @@ import (
 
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/inbox"
+	"github.com/fifobox/fifobox/pkg/transport/sns"
 )
 
 func sqsRecord(id string, e envelope.Envelope, receives int) events.SQSMessage {
@@ -25,7 +26,7 @@ func sqsRecord(id string, e envelope.Envelope, receives int) events.SQSMessage {
 		Attributes: map[string]string{"MessageGroupId": e.AggregateID, "ApproximateReceiveCount": fmt.Sprint(receives)}}
 }
 
-func handle(t *testing.T, h *inbox.Handler, recs ...events.SQSMessage) (failed []string) {
+func handle(t *testing.T, h *sns.Handler, recs ...events.SQSMessage) (failed []string) {
 	t.Helper()
 	resp, err := h.Handle(context.Background(), events.SQSEvent{Records: recs})
 	if err != nil {
@@ -53,7 +54,7 @@ func heldRows(t *testing.T, db interface {
 func failP1While(broken *atomic.Bool) inbox.Apply {
 	return func(ctx context.Context, tx pgx.Tx, e envelope.Envelope) error {
 		if e.AggregateID == "P" && e.Sequence == 1 && broken.Load() {
-			return inbox.Permanent(errors.New("cannot apply yet"))
+			return envelope.Permanent(errors.New("cannot apply yet"))
 		}
 		return record(ctx, tx, e)
 	}
@@ -70,7 +71,7 @@ func TestStrictOrderHoldsAGroupUntilRedriveAppliesItInOrder(t *testing.T) {
 	broken.Store(true)
 	apply := failP1While(&broken)
 	dlq := &fakeDLQ{}
-	h, err := inbox.NewHandler(db.Pool, dlq, apply, inbox.HandlerConfig{Consumer: "c", DLQURL: "d"})
+	h, err := sns.NewHandler(db.Pool, dlq, apply, sns.HandlerConfig{Consumer: "c", DLQURL: "d"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,8 +87,8 @@ func TestStrictOrderHoldsAGroupUntilRedriveAppliesItInOrder(t *testing.T) {
 		t.Fatalf("%d messages dead-lettered, want P/1, P/2, P/3", len(dlq.sent))
 	}
 	for i, s := range dlq.sent {
-		class := aws.ToString(s.MessageAttributes[inbox.AttrErrorClass].StringValue)
-		reason := aws.ToString(s.MessageAttributes[inbox.AttrErrorReason].StringValue)
+		class := aws.ToString(s.MessageAttributes[sns.AttrErrorClass].StringValue)
+		reason := aws.ToString(s.MessageAttributes[sns.AttrErrorReason].StringValue)
 		switch {
 		case i == 0 && class != inbox.ClassPermanent:
 			t.Errorf("P/1 dead-lettered as %q", class)
@@ -140,7 +141,7 @@ func TestLastReceiveIsDeadLetteredAndHoldsItsGroup(t *testing.T) {
 			t.Parallel()
 			db := newDB(t)
 			dlq := &fakeDLQ{}
-			h, err := inbox.NewHandler(db.Pool, dlq, testApply, inbox.HandlerConfig{Consumer: "c", DLQURL: "d", Order: order, MaxReceiveCount: 3})
+			h, err := sns.NewHandler(db.Pool, dlq, testApply, sns.HandlerConfig{Consumer: "c", DLQURL: "d", Order: order, MaxReceiveCount: 3})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -151,7 +152,7 @@ func TestLastReceiveIsDeadLetteredAndHoldsItsGroup(t *testing.T) {
 			if f := handle(t, h, sqsRecord("a", x1, 3), sqsRecord("b", x2, 3)); len(f) != 0 {
 				t.Fatalf("last receive: failed %v, want none", f)
 			}
-			if c := aws.ToString(dlq.sent[0].MessageAttributes[inbox.AttrErrorClass].StringValue); c != inbox.ClassExhausted {
+			if c := aws.ToString(dlq.sent[0].MessageAttributes[sns.AttrErrorClass].StringValue); c != inbox.ClassExhausted {
 				t.Fatalf("X/1 dead-lettered as %q, want exhausted", c)
 			}
 			wantDLQ, wantApplied := 2, 0
@@ -178,9 +179,9 @@ func TestLastReceiveHoldSurvivesAFailedInvocation(t *testing.T) {
 	t.Parallel()
 	db := newDB(t)
 	dlq := &fakeDLQ{}
-	cfg := inbox.HandlerConfig{Consumer: "c", DLQURL: "d", MaxReceiveCount: 3}
-	dying, _ := inbox.NewHandler(failingBegin{db.Pool}, dlq, testApply, cfg)
-	h, _ := inbox.NewHandler(db.Pool, dlq, testApply, cfg)
+	cfg := sns.HandlerConfig{Consumer: "c", DLQURL: "d", MaxReceiveCount: 3}
+	dying, _ := sns.NewHandler(failingBegin{db.Pool}, dlq, testApply, cfg)
+	h, _ := sns.NewHandler(db.Pool, dlq, testApply, cfg)
 	g1, g2 := ev("G", 1), ev("G", 2)
 	if f := handle(t, dying, sqsRecord("a", g1, 3)); fmt.Sprint(f) != "[a]" {
 		t.Fatalf("failed %v, want [a]", f)
@@ -189,7 +190,7 @@ func TestLastReceiveHoldSurvivesAFailedInvocation(t *testing.T) {
 	if f := handle(t, h, sqsRecord("b", g2, 1)); len(f) != 0 {
 		t.Fatalf("failed %v", f)
 	}
-	if countEffects(t, db, g2.ID) != 0 || len(dlq.sent) != 1 || !strings.Contains(aws.ToString(dlq.sent[0].MessageAttributes[inbox.AttrErrorReason].StringValue), g1.ID) {
+	if countEffects(t, db, g2.ID) != 0 || len(dlq.sent) != 1 || !strings.Contains(aws.ToString(dlq.sent[0].MessageAttributes[sns.AttrErrorReason].StringValue), g1.ID) {
 		t.Fatalf("G/2 applied %d times, dead-lettered %d; want it held behind G/1", countEffects(t, db, g2.ID), len(dlq.sent))
 	}
 }
@@ -208,7 +209,7 @@ func TestHandlerStopsStartingRecordsNearTheDeadline(t *testing.T) {
 		}
 		return record(ctx, tx, e)
 	}
-	h, err := inbox.NewHandler(db.Pool, &fakeDLQ{}, slow, inbox.HandlerConfig{Consumer: "c", DLQURL: "d", DeadlineMargin: time.Second})
+	h, err := sns.NewHandler(db.Pool, &fakeDLQ{}, slow, sns.HandlerConfig{Consumer: "c", DLQURL: "d", DeadlineMargin: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +261,7 @@ func TestHandlerLogsNoAggregateIDsByDefault(t *testing.T) {
 			db := newDB(t)
 			var buf bytes.Buffer
 			log := slog.New(slog.NewJSONHandler(&buf, nil))
-			h, _ := inbox.NewHandler(db.Pool, &fakeDLQ{}, testApply, inbox.HandlerConfig{Consumer: "c", DLQURL: "d", Logger: log, LogAggregateIDs: optIn})
+			h, _ := sns.NewHandler(db.Pool, &fakeDLQ{}, testApply, sns.HandlerConfig{Consumer: "c", DLQURL: "d", Logger: log, LogAggregateIDs: optIn})
 			// A/2 fails transiently, P/1 permanently (dead-lettered), then P/2 is held.
 			handle(t, h, sqsRecord("1", ev("customer-4711-A", 2), 1), sqsRecord("2", ev("P", 1), 1), sqsRecord("3", ev("P", 2), 1))
 			if buf.Len() == 0 {
@@ -295,7 +296,7 @@ func TestStrictOrderHoldsReadFailureFailsTheBatch(t *testing.T) {
 			db := newDB(t)
 			ctx := context.Background()
 			dlq := &fakeDLQ{}
-			h, err := inbox.NewHandler(db.Pool, dlq, record, inbox.HandlerConfig{Consumer: "c", DLQURL: "d", MaxReceiveCount: 5})
+			h, err := sns.NewHandler(db.Pool, dlq, record, sns.HandlerConfig{Consumer: "c", DLQURL: "d", MaxReceiveCount: 5})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -339,7 +340,7 @@ func TestStrictOrderSpeculativeClaimOfAHeldGroupIsUndone(t *testing.T) {
 	broken.Store(true)
 	apply := failP1While(&broken)
 	dlq := &fakeDLQ{}
-	h, err := inbox.NewHandler(db.Pool, dlq, apply, inbox.HandlerConfig{Consumer: "c", DLQURL: "d"})
+	h, err := sns.NewHandler(db.Pool, dlq, apply, sns.HandlerConfig{Consumer: "c", DLQURL: "d"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package snspub_test
+package sns_test
 
 import (
 	"bufio"
@@ -22,8 +22,8 @@ import (
 	"github.com/fifobox/fifobox/internal/pgtest"
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
-	"github.com/fifobox/fifobox/pkg/outbox/snspub"
 	"github.com/fifobox/fifobox/pkg/topology"
+	"github.com/fifobox/fifobox/pkg/transport/sns"
 )
 
 // TestProducersInFourLanguages: Go's Enqueue, SQL's fifobox_enqueue, a Node
@@ -136,7 +136,7 @@ func TestProducersInFourLanguages(t *testing.T) {
 		}
 	}
 	p.mu.Unlock()
-	pub, err := snspub.New(env.SNS, snspub.Config{TopicARN: env.TopicARN})
+	pub, err := sns.NewPublisher(env.SNS, sns.PublisherConfig{TopicARN: env.TopicARN})
 	if err != nil {
 		t.Fatal(err)
 	}
