@@ -18,6 +18,7 @@ type node struct {
 	arr     bool
 	tpl     template // a string with references
 	whole   bool     // tpl is exactly one reference: the value keeps its type
+	cols    []string // a source template's column (pkg/wire Source)
 }
 
 type member struct {

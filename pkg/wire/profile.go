@@ -46,6 +46,9 @@ type Profile struct {
 	RabbitMQ *RabbitMQ `json:"rabbitmq,omitempty"`
 	NATS     *NATS     `json:"nats,omitempty"`
 	SNS      *SNS      `json:"sns,omitempty"`
+	// Source, if set, is the producers' own outbox table, which fifobox
+	// delivers from (pkg/capture).
+	Source *Source `json:"source,omitempty"`
 
 	body        node
 	keys        map[string][]string
@@ -220,6 +223,9 @@ func (p *Profile) Prepare() error {
 	}
 	if n == 0 {
 		add("rabbitmq, nats or sns: a profile needs the section of the transport it is used with")
+	}
+	if p.Source != nil {
+		errs = append(errs, p.Source.prepare("source", p.Defaults)...)
 	}
 	return errors.Join(errs...)
 }
