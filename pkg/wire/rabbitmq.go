@@ -320,3 +320,16 @@ func matchWords(p, k []string) bool {
 	}
 	return len(k) > 0 && p[0] == k[0] && matchWords(p[1:], k[1:])
 }
+
+// Selects reports whether a message published with routing key key
+// reaches at least one of the profile's queues (a headers exchange: any
+// bound queue counts). A transport's unrouted-event policy asks it, as it
+// asks its own topology without a profile.
+func (r *RabbitMQ) Selects(key string) bool {
+	for _, x := range r.Exchanges {
+		if x.Name == r.Exchange {
+			return r.boundFor(x, key)
+		}
+	}
+	return false
+}

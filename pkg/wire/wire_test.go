@@ -471,3 +471,22 @@ func TestDocsExampleIsTheTicketingProfile(t *testing.T) {
 		t.Errorf("the docs' example differs from profiles/ticketing.json:\n%s\n%s", a, b)
 	}
 }
+
+func TestRabbitMQSelects(t *testing.T) {
+	for _, tt := range []struct {
+		profile, key string
+		want         bool
+	}{
+		{"holdco", "order.created", true}, {"holdco", "anything.at_all", true}, // analytics.ingest binds #
+		{"ticketing", "hold.created", true}, {"ticketing", "order.cancelled", true}, {"ticketing", "order.created", false},
+		{"ticketing", "hold.created.extra", false}, {"corewrite", "", true},
+	} {
+		p, err := wire.Load(tt.profile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := p.RabbitMQ.Selects(tt.key); got != tt.want {
+			t.Errorf("%s selects %q: %v, want %v", tt.profile, tt.key, got, tt.want)
+		}
+	}
+}
