@@ -418,3 +418,30 @@ func newProvisioner(cfg Config) (transport.Provisioner, error) {
 	}
 	return NewProfileProvisioner(cfg, pol)
 }
+
+// selects reports whether some queue receives m: one of the topology's
+// consumers, or with a wire profile one of the profile's queues (the
+// unrouted-event policy asks it after a return).
+func (p *Publisher) selects(m *outbox.Message) bool {
+	if p.cfg.Wire == nil {
+		return p.topo.selectedByAny(m)
+	}
+	w, err := p.cfg.Wire.Render(m)
+	return err == nil && p.cfg.Wire.Profile().RabbitMQ.Selects(w.Destination)
+}
+
+// validateWire refuses what a wire profile cannot do: the alternate
+// unrouted policy needs the topology's alternate exchange, which the
+// profile's exchange does not name.
+func (c *Config) validateWire() error {
+	if c.Wire == nil {
+		return nil
+	}
+	if c.Wire.Profile().RabbitMQ == nil {
+		return fmt.Errorf("Wire: profile %s has no rabbitmq section", c.Wire.Profile().Name)
+	}
+	if c.Topology.Unrouted.Policy == transport.UnroutedAlternate {
+		return fmt.Errorf("Wire (%s): profile %s: the alternate unrouted policy works with a topology's exchange only; use deliver (the default)", wire.EnvProfile, c.Wire.Profile().Name)
+	}
+	return nil
+}

@@ -183,3 +183,35 @@ func TestProfilePublisherRenderErrorIsPermanent(t *testing.T) {
 		t.Fatalf("errors %v", errs)
 	}
 }
+
+// With a profile, an event none of the profile's queues receives is the
+// unrouted one (delivered and reported under the deliver policy), while a
+// return for an event a profile queue should receive (the queue deleted)
+// stays a retryable failure.
+func TestProfilePublisherUnroutedFollowsTheProfile(t *testing.T) {
+	t.Parallel()
+	cfg, v := profileConfig(t, "ticketing")
+	if err := provisionProfile(t, cfg); err != nil {
+		t.Fatal(err)
+	}
+	pub := newPublisher(t, cfg)
+	nobody := message(newEvent("order", "o-1", "order.created", 1)) // ticketing binds order.confirmed and order.cancelled only
+	if err := pub.Publish(context.Background(), []outbox.Message{nobody})[0]; err != nil {
+		t.Fatalf("an event no profile queue receives: %v, want delivered under the deliver policy", err)
+	}
+	if n := pub.Stats().Unrouted; n != 1 {
+		t.Errorf("unrouted count %d, want 1", n)
+	}
+	r := dialRaw(t, v.URL)
+	ch, err := r.conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDelete("inventory.events", false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	err = pub.Publish(context.Background(), []outbox.Message{message(newEvent("hold", "h-1", "hold.created", 1))})[0]
+	if !errors.Is(err, amqp.ErrUnroutable) || envelope.IsPermanent(err) {
+		t.Fatalf("an event the profile's deleted queue should receive: %v, want retryable ErrUnroutable", err)
+	}
+}

@@ -333,13 +333,13 @@ func (s *settler) toRetryQueue(ctx context.Context, d *delivery, n, attempts int
 	h := copyHeaders(d.headers, true)
 	h[s.topo.AttemptsHeader] = int32(attempts)
 	q := s.c.RetryQueueName(n)
-	if err := s.out.sendOne(ctx, outgoing{exchange: "", key: q, msg: republish(d, h)}); err != nil {
+	if err := s.out.sendOne(ctx, outgoing{exchange: s.c.SettleExchange(), key: q, msg: republish(d, h)}); err != nil {
 		return fmt.Errorf("send to delay queue %s: %w", q, err)
 	}
 	return nil
 }
 
-// deadLetter sends d to the consumer's DLQ through the dead-letter exchange,
+// deadLetter sends d to the consumer's DLQ through its settle exchange,
 // with the reason in x-fifobox-error-* headers.
 func (s *settler) deadLetter(ctx context.Context, d *delivery, class string, cause error) error {
 	reason := cause.Error()
@@ -351,7 +351,7 @@ func (s *settler) deadLetter(ctx context.Context, d *delivery, class string, cau
 	h[HeaderErrorReason] = reason
 	h[HeaderConsumer] = s.c.Name
 	h[HeaderDeadAt] = time.Now().UTC().Format(time.RFC3339Nano)
-	if err := s.out.sendOne(ctx, outgoing{exchange: s.topo.DeadLetterExchange, key: s.c.DLQName(), msg: republish(d, h)}); err != nil {
+	if err := s.out.sendOne(ctx, outgoing{exchange: s.c.SettleExchange(), key: s.c.DLQName(), msg: republish(d, h)}); err != nil {
 		return fmt.Errorf("send to DLQ %s: %w", s.c.DLQName(), err)
 	}
 	s.log.Error("amqp consumer: message sent to the DLQ", append(s.aggAttrs(d), "consumer", s.c.Name, "event_id", d.messageID,

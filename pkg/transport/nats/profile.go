@@ -116,3 +116,28 @@ func newProvisioner(cfg Config) (transport.Provisioner, error) {
 	}
 	return NewProfileProvisioner(cfg)
 }
+
+// wireCaptures reports whether the profile's stream captures subject.
+func (p *Publisher) wireCaptures(subject string) bool {
+	for _, pat := range p.cfg.Wire.Profile().NATS.Stream.Subjects {
+		if SubjectMatches(pat, subject) {
+			return true
+		}
+	}
+	return false
+}
+
+// validateWire refuses what a wire profile cannot do: the alternate
+// unrouted policy needs the topology's dead-letter stream subjects.
+func (c *Config) validateWire() error {
+	if c.Wire == nil {
+		return nil
+	}
+	if c.Wire.Profile().NATS == nil {
+		return fmt.Errorf("Wire: profile %s has no nats section", c.Wire.Profile().Name)
+	}
+	if c.Topology.Unrouted.Policy == transport.UnroutedAlternate {
+		return fmt.Errorf("Wire (%s): profile %s: the alternate unrouted policy works with a topology's streams only; use deliver (the default)", wire.EnvProfile, c.Wire.Profile().Name)
+	}
+	return nil
+}
