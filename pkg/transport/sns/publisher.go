@@ -13,6 +13,7 @@ import (
 
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
+	"github.com/fifobox/fifobox/pkg/wire"
 )
 
 // PublisherConfig configures a Publisher.
@@ -23,6 +24,10 @@ type PublisherConfig struct {
 	MaxEntries int
 	// MaxBatchBytes per PublishBatch call, bodies plus attributes. Default 262,144, the SNS limit.
 	MaxBatchBytes int
+	// Wire, if set, publishes every event as this wire profile renders it
+	// (body, message attributes, group and deduplication ids) instead of
+	// fifobox's envelope (pkg/wire).
+	Wire *wire.Mapper
 }
 
 func (c *PublisherConfig) setDefaults() {
@@ -82,6 +87,9 @@ var ErrPredecessorFailed = errors.New("sns publisher: an earlier message of the 
 // (the dispatcher never passes two, but the publisher does not rely on it).
 func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error {
 	errs := make([]error, len(msgs))
+	if p.cfg.Wire != nil {
+		msgs = p.render(msgs, errs)
+	}
 	// Waves: the k-th message of each group goes in wave k.
 	seen := map[string]int{}
 	var waves [][]int
@@ -97,6 +105,9 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error 
 	for _, wave := range waves {
 		var send []int
 		for _, i := range wave {
+			if errs[i] != nil {
+				continue
+			}
 			if failedGroup[msgs[i].GroupID] {
 				errs[i] = ErrPredecessorFailed
 				continue
