@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -13,6 +14,8 @@ import (
 
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
+	"github.com/fifobox/fifobox/pkg/topology"
+	"github.com/fifobox/fifobox/pkg/transport"
 	"github.com/fifobox/fifobox/pkg/wire"
 )
 
@@ -28,11 +31,21 @@ type PublisherConfig struct {
 	// (body, message attributes, group and deduplication ids) instead of
 	// fifobox's envelope (pkg/wire).
 	Wire *wire.Mapper
+	// Topology, if set, is what the topic's subscriptions select: an event
+	// no subscription's filter accepts is published (SNS takes it and
+	// delivers it nowhere) and reported as unrouted, the way the broker
+	// transports report theirs (transport.UnroutedDeliver).
+	Topology *topology.Topology
+	// Logger for the unrouted-event lines; default slog.Default().
+	Logger *slog.Logger
 }
 
 func (c *PublisherConfig) setDefaults() {
 	if c.MaxEntries == 0 {
 		c.MaxEntries = 10
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
 	}
 	if c.MaxBatchBytes == 0 {
 		c.MaxBatchBytes = envelope.DefaultMaxMessageBytes
@@ -120,6 +133,13 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error 
 		for _, i := range wave {
 			if errs[i] != nil {
 				failedGroup[msgs[i].GroupID] = true
+			}
+		}
+	}
+	if p.cfg.Topology != nil {
+		for i := range msgs {
+			if errs[i] == nil && p.cfg.Topology.Unselected(msgs[i].Attributes) {
+				transport.LogUnrouted(p.cfg.Logger, transport.SNS, transport.UnroutedDeliver, &msgs[i], "nowhere (no subscription's filter accepts it)")
 			}
 		}
 	}

@@ -226,7 +226,7 @@ func (t *Transport) Publisher() (transport.Publisher, error) {
 	if t.topicARN == "" {
 		return nil, fmt.Errorf("%s is required with %s=sns (the default): the SNS FIFO topic's ARN", EnvTopicARN, transport.EnvTransport)
 	}
-	p, err := NewPublisher(t.cfg.SNS, PublisherConfig{TopicARN: t.topicARN, Wire: t.cfg.Wire})
+	p, err := NewPublisher(t.cfg.SNS, PublisherConfig{TopicARN: t.topicARN, Wire: t.cfg.Wire, Topology: t.cfg.Topology, Logger: t.cfg.Logger})
 	if err != nil {
 		return nil, err
 	}
