@@ -73,6 +73,11 @@ echo "==> RabbitMQ: dispatcher through the holdco topology vs raw publish-with-c
 go test -count=1 -run '^$' -bench 'BenchmarkThroughRabbitMQ' -benchtime 20000x -timeout 30m ./pkg/transport/amqp/ | quiet
 
 settle
+echo "==> wire profiles: dispatch through the holdco profile and a template profile vs fifobox's envelope (same events, exchange and queues)"
+go test -count=1 -run '^$' -bench 'BenchmarkProfileDispatch' -benchtime 20000x -timeout 30m ./pkg/transport/amqp/ | quiet
+go test -count=1 -run '^$' -bench 'BenchmarkRender' -benchtime 200000x ./pkg/wire/ | quiet
+
+settle
 echo "==> RabbitMQ: commit-to-consume latency at 100 and 1,000 events/s offered (whole pipeline, inbox included)"
 go test -count=1 -run '^$' -bench 'BenchmarkLatency' -benchtime 1x -timeout 30m ./pkg/transport/amqp/ | quiet
 

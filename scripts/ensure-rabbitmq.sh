@@ -9,6 +9,9 @@
 # The Go tests create a vhost of their own per test (fifobox-test-<random>,
 # pkg/transport/amqp/amqptest) with rabbitmqctl and delete it afterwards, so
 # this script must leave rabbitmqctl usable (run as root, or via sudo).
+# It also enables the management plugin (online, on 127.0.0.1:15672 only):
+# the provisioner creates the functions' broker users through its HTTP API,
+# as it does on Amazon MQ (port 443 there), and the user tests use it.
 # It never restarts a running broker and never touches other vhosts.
 set -euo pipefail
 
@@ -29,7 +32,10 @@ export PATH="$PATH:/usr/sbin"
 
 if ! running; then
   echo "ensure-rabbitmq: starting RabbitMQ (rabbitmq-server -detached)" >&2
-  as_root rabbitmq-server -detached
+  # The management listener on loopback only (rabbitmq.conf cannot name
+  # it before the plugin is enabled: an unknown key stops the boot).
+  as_root env RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS='-rabbitmq_management tcp_config [{ip,"127.0.0.1"},{port,15672}]' \
+    rabbitmq-server -detached
   for _ in $(seq 1 90); do running && break; sleep 1; done
 fi
 running || { echo "ensure-rabbitmq: RabbitMQ did not start (see /var/log/rabbitmq)" >&2; exit 1; }
@@ -39,10 +45,21 @@ for _ in $(seq 1 30); do (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null && break;
 (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null ||
   { echo "ensure-rabbitmq: nothing listens on 127.0.0.1:5672" >&2; exit 1; }
 
+mgmt_up() { (exec 3<>/dev/tcp/127.0.0.1/15672) 2>/dev/null; }
+if ! mgmt_up; then
+  echo "ensure-rabbitmq: enabling the management plugin online (127.0.0.1:15672)" >&2
+  # Set before the plugin starts, so it listens on loopback only; enabling
+  # a plugin online does not restart the broker.
+  ctl eval 'application:set_env(rabbitmq_management, tcp_config, [{ip, "127.0.0.1"}, {port, 15672}]).' >/dev/null
+  as_root rabbitmq-plugins -q enable --online rabbitmq_management >/dev/null
+  for _ in $(seq 1 30); do mgmt_up && break; sleep 1; done
+  mgmt_up || { echo "ensure-rabbitmq: the management API does not answer on 127.0.0.1:15672" >&2; exit 1; }
+fi
+
 for vhost in fifobox fifobox-test; do
   if ! ctl list_vhosts name | grep -qx "$vhost"; then
     ctl add_vhost "$vhost" >/dev/null
   fi
   ctl set_permissions -p "$vhost" guest '.*' '.*' '.*' >/dev/null
 done
-echo "ensure-rabbitmq: RabbitMQ $(ctl eval 'rabbit_misc:version().' 2>/dev/null | tr -d '"') ready on 127.0.0.1:5672 (vhosts fifobox, fifobox-test)" >&2
+echo "ensure-rabbitmq: RabbitMQ $(ctl eval 'rabbit_misc:version().' 2>/dev/null | tr -d '"') ready on 127.0.0.1:5672 (vhosts fifobox, fifobox-test; management API 127.0.0.1:15672)" >&2

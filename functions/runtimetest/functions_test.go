@@ -378,6 +378,8 @@ func placeholders(t template, id, attr string) (string, error) {
 		return name("QueueName"), nil
 	case res.Type == "AWS::SNS::Topic" && (attr == "" || attr == "TopicArn"):
 		return "arn:aws:sns:us-east-1:123456789012:" + name("TopicName"), nil
+	case res.Type == "AWS::SecretsManager::Secret" && attr == "": // a function's own broker user
+		return "arn:aws:secretsmanager:us-east-1:123456789012:secret:" + id + "-AbCdEf", nil
 	}
 	return "", fmt.Errorf("no placeholder for %s (%s) attribute %q", id, res.Type, attr)
 }

@@ -36,6 +36,10 @@ const (
 	AlarmBrokerQueue       = "BrokerQueueBacklog"
 )
 
+// AnnotationNoAlarmSubscriber is the id of the synth warning that the
+// alarm topic has no subscriber (no -c alarmEmail).
+const AnnotationNoAlarmSubscriber = "fifobox:no-alarm-subscriber"
+
 // brokerQueueMetric is an Amazon MQ for RabbitMQ queue metric (AWS/AmazonMQ,
 // dimensions Broker, VirtualHost, Queue), its Maximum over periodMinutes.
 func brokerQueueMetric(cfg Config, p *Pipeline, queue, name string, periodMinutes float64) awscloudwatch.Metric {
@@ -55,6 +59,7 @@ type alarmSpec struct {
 	periods           float64 // evaluation periods
 	datapoints        float64 // breaching datapoints among them that fire the alarm; 0: all
 	missing           awscloudwatch.TreatMissingData
+	below             bool // fires below the threshold (free memory, free disk)
 }
 
 // dispatcherMetric is an EMF gauge the dispatcher emits (dimension Service=dispatcher).
@@ -117,7 +122,7 @@ func consumerAlarms(cfg Config, n string, fn awslambda.Function, text consumerTe
 
 // newAlarms creates the alarm topic and every alarm; each alarm notifies the
 // topic when it fires and when it recovers.
-func newAlarms(stack awscdk.Stack, cfg Config, p *Pipeline) {
+func newAlarms(stack awscdk.Stack, cfg Config, p *Pipeline, net *Network) {
 	th := cfg.Thresholds
 	// CloudWatch publishes to an encrypted topic only with a CMK whose policy
 	// lets it (the form AWS documents for alarm actions; KMS sees the call
@@ -145,6 +150,10 @@ func newAlarms(stack awscdk.Stack, cfg Config, p *Pipeline) {
 	}))
 	if cfg.AlarmEmail != "" {
 		p.AlarmTopic.AddSubscription(awssnssubscriptions.NewEmailSubscription(jsii.String(cfg.AlarmEmail), nil))
+	} else {
+		// Alarms that notify nobody: say so at every synth.
+		awscdk.Annotations_Of(p.AlarmTopic).AddWarningV2(jsii.String(AnnotationNoAlarmSubscriber), jsii.String(
+			"the alarm topic has no subscriber, so no alarm reaches anyone: deploy with -c alarmEmail=<address>, or subscribe your paging system to the topic"))
 	}
 
 	specs := []alarmSpec{
@@ -248,14 +257,19 @@ func newAlarms(stack awscdk.Stack, cfg Config, p *Pipeline) {
 				metric: brokerQueueMetric(cfg, p, bc.DLQ, "MessageCount", 5), threshold: th.DLQVisibleMessages, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
 		)
 	}
+	specs = append(specs, statefulAlarms(stack, cfg, p, net)...)
 	action := awscloudwatchactions.NewSnsAction(p.AlarmTopic)
 	for _, s := range specs {
+		cmp := awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD
+		if s.below {
+			cmp = awscloudwatch.ComparisonOperator_LESS_THAN_THRESHOLD
+		}
 		a := awscloudwatch.NewAlarm(stack, jsii.String("Alarm-"+s.name), &awscloudwatch.AlarmProps{
 			Metric:             s.metric,
 			AlarmName:          jsii.String(cfg.Prefix + "-" + s.name),
 			AlarmDescription:   jsii.String(s.description),
 			Threshold:          jsii.Number(s.threshold),
-			ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
+			ComparisonOperator: cmp,
 			EvaluationPeriods:  jsii.Number(s.periods),
 			DatapointsToAlarm:  jsii.Number(datapoints(s)),
 			TreatMissingData:   s.missing,

@@ -175,55 +175,157 @@ func transportName(cfg Config) string {
 	return "SNS FIFO"
 }
 
-// brokerAccess returns the environment every function of a broker
-// deployment gets (what lambdafn.BrokerEnv reads: the transport, its URL
-// without credentials, the topology's JSON, the secret's ARN), a function
-// letting a role read the broker's secret, and the topology read from its
-// file. Empty for SNS.
-func brokerAccess(stack awscdk.Stack, cfg Config, net *Network) (map[string]*string, func(awsiam.Role), LoadedTopology) {
+// Broker user keys: each function of a broker deployment logs in as its own
+// broker user (pkg/transport/amqp's roles), read from its own secret. The
+// provisioner (the migration function) alone has the administrator's.
+const (
+	BrokerUserDispatcher  = "dispatcher"
+	BrokerUserOperations  = "operations"
+	BrokerUserProvisioner = "provisioner"
+)
+
+// BrokerUserConsumer is consumer name's broker user key.
+func BrokerUserConsumer(name string) string { return "consumer:" + name }
+
+// BrokerUsername is the broker user name of key: "<amqpUsername>-dispatcher",
+// "-operations", "-consumer-<name>" (the administrator's for the provisioner).
+func BrokerUsername(cfg Config, key string) string {
+	if key == BrokerUserProvisioner {
+		return cfg.AMQP.Username
+	}
+	return cfg.AMQP.Username + "-" + strings.ReplaceAll(key, ":", "-")
+}
+
+// brokerAccess is what each function of a broker deployment gets: the
+// environment transport.Open reads (amqp.OpenEnv, nats.OpenEnv) (the transport, its URL without
+// credentials, the topology's JSON, the ARN of that function's own secret)
+// and read access to that secret alone. Empty for SNS.
+type brokerAccess struct {
+	common  map[string]*string
+	secrets map[string]awssecretsmanager.ISecret // by broker user key (RabbitMQ); "" for all (NATS)
+	// users maps the functions' keys to their secrets' ARNs: the
+	// provisioner's FIFOBOX_AMQP_USER_SECRETS.
+	users map[string]any
+	top   LoadedTopology
+}
+
+// newBrokerAccess creates, for RabbitMQ, one generated secret per function
+// (dispatcher, operations, each consumer), whose user the deploy's migrate
+// creates on the broker with that function's permissions; for NATS, the one
+// configured secret (natsSecretArn) serves every function.
+func newBrokerAccess(stack awscdk.Stack, cfg Config, net *Network) *brokerAccess {
+	a := &brokerAccess{secrets: map[string]awssecretsmanager.ISecret{}, users: map[string]any{}}
 	switch cfg.Transport {
 	case TransportRabbitMQ:
-		top, _ := LoadTopologyFile("amqpTopology", cfg.AMQP.TopologyFile) // checked by Validate
+		a.top, _ = LoadTopologyFile("amqpTopology", cfg.AMQP.TopologyFile) // checked by Validate
 		b := net.Broker
-		env := map[string]*string{
-			"FIFOBOX_TRANSPORT":       jsii.String(TransportRabbitMQ),
-			"FIFOBOX_AMQP_URL":        b.URL(cfg.AMQP.VirtualHost),
-			"FIFOBOX_AMQP_TOPOLOGY":   jsii.String(top.JSON),
-			"FIFOBOX_AMQP_SECRET_ARN": b.Secret.SecretArn(),
+		a.common = map[string]*string{
+			"FIFOBOX_TRANSPORT":     jsii.String(TransportRabbitMQ),
+			"FIFOBOX_AMQP_URL":      b.URL(cfg.AMQP.VirtualHost),
+			"FIFOBOX_AMQP_TOPOLOGY": jsii.String(a.top.JSON),
 		}
-		return env, func(r awsiam.Role) { b.Secret.GrantRead(r, nil) }, top
+		a.secrets[BrokerUserProvisioner] = b.Secret
+		keys := []string{BrokerUserDispatcher, BrokerUserOperations}
+		for _, c := range a.top.Consumers {
+			keys = append(keys, BrokerUserConsumer(c.Name))
+		}
+		for _, key := range keys {
+			sec := newBrokerUserSecret(stack, cfg, key)
+			a.secrets[key] = sec
+			a.users[key] = sec.SecretArn()
+		}
 	case TransportNATS:
-		top, _ := LoadTopologyFile("natsTopology", cfg.NATS.TopologyFile)
-		env := map[string]*string{
+		a.top, _ = LoadTopologyFile("natsTopology", cfg.NATS.TopologyFile)
+		a.common = map[string]*string{
 			"FIFOBOX_TRANSPORT":     jsii.String(TransportNATS),
 			"FIFOBOX_NATS_URL":      jsii.String(cfg.NATS.URL),
-			"FIFOBOX_NATS_TOPOLOGY": jsii.String(top.JSON),
+			"FIFOBOX_NATS_TOPOLOGY": jsii.String(a.top.JSON),
 		}
-		if cfg.NATS.SecretArn == "" {
-			return env, func(awsiam.Role) {}, top
+		if cfg.NATS.SecretArn != "" {
+			a.secrets[""] = awssecretsmanager.Secret_FromSecretCompleteArn(stack, jsii.String("NatsSecret"), jsii.String(cfg.NATS.SecretArn))
 		}
-		secret := awssecretsmanager.Secret_FromSecretCompleteArn(stack, jsii.String("NatsSecret"), jsii.String(cfg.NATS.SecretArn))
-		env["FIFOBOX_NATS_SECRET_ARN"] = secret.SecretArn()
-		return env, func(r awsiam.Role) { secret.GrantRead(r, nil) }, top
+		for key, arn := range cfg.NATS.SecretArns {
+			a.secrets[key] = awssecretsmanager.Secret_FromSecretCompleteArn(stack, jsii.String("NatsSecret-"+key), jsii.String(arn))
+		}
 	}
-	return nil, func(awsiam.Role) {}, LoadedTopology{}
+	return a
+}
+
+// secret is key's own secret, or the one every function shares (NATS's
+// natsSecretArn); nil: none.
+func (a *brokerAccess) secret(key string) awssecretsmanager.ISecret {
+	if s, ok := a.secrets[key]; ok {
+		return s
+	}
+	return a.secrets[""]
+}
+
+// env is the broker environment of the function with broker user key.
+func (a *brokerAccess) env(stack awscdk.Stack, key string) map[string]*string {
+	env := map[string]*string{}
+	for k, v := range a.common {
+		env[k] = v
+	}
+	if s := a.secret(key); s != nil {
+		if env["FIFOBOX_TRANSPORT"] != nil && *env["FIFOBOX_TRANSPORT"] == TransportNATS {
+			env["FIFOBOX_NATS_SECRET_ARN"] = s.SecretArn()
+		} else {
+			env["FIFOBOX_AMQP_SECRET_ARN"] = s.SecretArn()
+		}
+	}
+	if key == BrokerUserProvisioner && len(a.users) > 0 {
+		env["FIFOBOX_AMQP_USER_SECRETS"] = stack.ToJsonString(a.users, nil)
+	}
+	return env
+}
+
+// grant lets role read key's secret (and, for the provisioner, every
+// function's, whose users it creates).
+func (a *brokerAccess) grant(key string, role awsiam.Role) {
+	if s := a.secret(key); s != nil {
+		s.GrantRead(role, nil)
+	}
+	if key == BrokerUserProvisioner && len(a.users) > 0 { // RabbitMQ: it creates the others' users
+		for k, s := range a.secrets {
+			if k != BrokerUserProvisioner && k != "" {
+				s.GrantRead(role, nil)
+			}
+		}
+	}
+}
+
+// newBrokerUserSecret generates function key's broker user secret
+// {"username","password"} (letters and digits: it goes into an AMQP URL).
+func newBrokerUserSecret(stack awscdk.Stack, cfg Config, key string) awssecretsmanager.Secret {
+	id := "BrokerUser-" + strings.NewReplacer(":", "-", ".", "-", "_", "-").Replace(key)
+	sec := awssecretsmanager.NewSecret(stack, jsii.String(id), &awssecretsmanager.SecretProps{
+		Description: jsii.String("fifobox: the RabbitMQ broker user of " + key + " (created by the deploy's migrate with only that function's permissions)"),
+		GenerateSecretString: &awssecretsmanager.SecretStringGenerator{
+			SecretStringTemplate: jsii.String(`{"username":"` + BrokerUsername(cfg, key) + `"}`),
+			GenerateStringKey:    jsii.String("password"),
+			PasswordLength:       jsii.Number(32),
+			ExcludePunctuation:   jsii.Bool(true),
+		},
+	})
+	cdknag.NagSuppressions_AddResourceSuppressions(sec, &[]*cdknag.NagPackSuppression{{
+		Id:     jsii.String("AwsSolutions-SMG4"),
+		Reason: jsii.String("Secrets Manager has no rotation function for RabbitMQ users: the deploy's migrate sets the user's password from this secret (management API), so rotating means changing the secret and deploying; docs/deploying.md describes it."),
+	}}, nil)
+	return sec
 }
 
 // newBrokerConsumers creates, per consumer of the RabbitMQ topology, its
 // function (in the VPC, reaching the database like every function and the
 // broker for retries and dead letters) on an Amazon MQ event source reading
-// its queue with the broker's secret.
-func newBrokerConsumers(stack awscdk.Stack, cfg Config, net *Network, p *Pipeline, consumers []AMQPConsumer,
-	common func(string, map[string]*string) *map[string]*string, brokerEnv map[string]*string, grantBroker func(awsiam.Role)) {
+// its queue as the consumer's own broker user.
+func newBrokerConsumers(stack awscdk.Stack, cfg Config, net *Network, p *Pipeline,
+	common func(string, map[string]*string) *map[string]*string, access *brokerAccess) {
 	b := net.Broker
-	for _, c := range consumers {
-		env := map[string]*string{
-			"FIFOBOX_CONSUMER_NAME":     jsii.String(c.Name),
-			"FIFOBOX_METRICS_NAMESPACE": jsii.String(cfg.Namespace()),
-		}
-		for k, v := range brokerEnv {
-			env[k] = v
-		}
+	for _, c := range access.top.Consumers {
+		key := BrokerUserConsumer(c.Name)
+		env := access.env(stack, key)
+		env["FIFOBOX_CONSUMER_NAME"] = jsii.String(c.Name)
+		env["FIFOBOX_METRICS_NAMESPACE"] = jsii.String(cfg.Namespace())
 		fn, role := newFunction(stack, cfg, net, "Consumer-"+c.Name, FnConsumer, functionOptions{
 			description: "fifobox consumer " + c.Name + " (RabbitMQ queue " + c.QueueName() + ")",
 			logsKey:     p.LogsKey,
@@ -232,7 +334,7 @@ func newBrokerConsumers(stack awscdk.Stack, cfg Config, net *Network, p *Pipelin
 			env:         common(FnConsumer, env),
 		})
 		grantDB(cfg, net, FnConsumer, role)
-		grantBroker(role)
+		access.grant(key, role)
 		// What Lambda's Amazon MQ event source does with the function's
 		// role: look the broker up, read the BASIC_AUTH secret (granted
 		// above), and place its pollers' network interfaces in the broker's
@@ -251,7 +353,8 @@ func newBrokerConsumers(stack awscdk.Stack, cfg Config, net *Network, p *Pipelin
 			Queues:         jsii.Strings(c.QueueName()),
 			BatchSize:      jsii.Number(BrokerConsumerBatchSize),
 			SourceAccessConfigurations: []any{
-				&awslambda.CfnEventSourceMapping_SourceAccessConfigurationProperty{Type: jsii.String("BASIC_AUTH"), Uri: b.Secret.SecretArn()},
+				// The consumer's own user: it may read its queue only.
+				&awslambda.CfnEventSourceMapping_SourceAccessConfigurationProperty{Type: jsii.String("BASIC_AUTH"), Uri: access.secret(key).SecretArn()},
 				&awslambda.CfnEventSourceMapping_SourceAccessConfigurationProperty{Type: jsii.String("VIRTUAL_HOST"), Uri: jsii.String(cfg.AMQP.VirtualHost)},
 			},
 		})

@@ -22,6 +22,8 @@ const (
 	existingBrokerArn = "arn:aws:mq:eu-west-1:123456789012:broker:holdco-prod:b-1234abcd-56ef-78ab-90cd-ef1234567890"
 	existingSecretArn = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:holdco/mq-AbCdEf"
 	natsSecretArn     = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:billing/nats-AbCdEf"
+	// natsDispatcherSecretArn is the dispatcher's own NATS user.
+	natsDispatcherSecretArn = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:billing/nats-dispatcher-AbCdEf"
 )
 
 func brokerConfig(variant string) stacks.Config {
@@ -44,6 +46,8 @@ func brokerConfig(variant string) stacks.Config {
 		cfg.NATS.URL = "tls://nats-1.billing.internal:4222,tls://nats-2.billing.internal:4222"
 		cfg.NATS.SecretArn = natsSecretArn
 		cfg.NATS.CIDR = "10.20.0.0/16"
+		cfg.AlarmEmail = "ops@example.com" // the one variant with a subscriber
+		cfg.NATS.SecretArns = map[string]string{stacks.BrokerUserDispatcher: natsDispatcherSecretArn}
 	default:
 		panic(variant)
 	}
@@ -420,8 +424,10 @@ func TestExistingBrokerIsNotCreated(t *testing.T) {
 	if !opened {
 		t.Errorf("the existing broker's security group is not opened to the functions on %d", stacks.AMQPPort)
 	}
+	// The existing broker's (administrator) secret is the provisioner's
+	// alone; every other function logs in as its own user.
 	for name, f := range fnsByEnv(s.stateless) {
-		if v := envOf(f)["FIFOBOX_AMQP_SECRET_ARN"]; v != existingSecretArn {
+		if v := envOf(f)["FIFOBOX_AMQP_SECRET_ARN"]; (v == existingSecretArn) != (name == "migration") {
 			t.Errorf("%s FIFOBOX_AMQP_SECRET_ARN = %v", name, v)
 		}
 	}
@@ -438,9 +444,24 @@ func TestNATSVariant(t *testing.T) {
 	}
 	for name, f := range fns {
 		env := envOf(f)
+		// The dispatcher has a user of its own (natsDispatcherSecretArn);
+		// the others share natsSecretArn.
+		secret := natsSecretArn
+		if name == "dispatcher" {
+			secret = natsDispatcherSecretArn
+		}
 		if env["FIFOBOX_TRANSPORT"] != "nats" || env["FIFOBOX_NATS_URL"] != brokerConfig("nats").NATS.URL ||
-			env["FIFOBOX_NATS_SECRET_ARN"] != natsSecretArn || !strings.HasPrefix(fmt.Sprint(env["FIFOBOX_NATS_TOPOLOGY"]), "{") {
+			env["FIFOBOX_NATS_SECRET_ARN"] != secret || !strings.HasPrefix(fmt.Sprint(env["FIFOBOX_NATS_TOPOLOGY"]), "{") {
 			t.Errorf("%s env %v", name, env)
+		}
+		var reads []string
+		for _, st := range roleStatements(s.stateless, refID(f.Props["Role"])) {
+			if strings.Contains(asJSON(st["Action"]), "secretsmanager:GetSecretValue") {
+				reads = append(reads, asJSON(st["Resource"]))
+			}
+		}
+		if all := strings.Join(reads, " "); !strings.Contains(all, secret) || (name != "dispatcher" && strings.Contains(all, natsDispatcherSecretArn)) {
+			t.Errorf("%s reads secrets %v, want its own %s only", name, reads, secret)
 		}
 	}
 	var egress bool

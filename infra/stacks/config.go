@@ -120,6 +120,37 @@ type Thresholds struct {
 	// BrokerQueueReadyMessages: ready messages in a consumer's RabbitMQ
 	// queue (Amazon MQ's MessageReadyCount), for 5 minutes in a row.
 	BrokerQueueReadyMessages float64
+
+	// OldestTransactionAgeSeconds: the oldest open transaction on the
+	// database cluster (the dispatcher's gauge), for 3 minutes.
+	OldestTransactionAgeSeconds float64
+	// UnroutedEvents: events no consumer selects, in 5 minutes.
+	UnroutedEvents float64
+	// AuroraCPUPercent: the cluster's CPUUtilization, 15 minutes.
+	AuroraCPUPercent float64
+	// AuroraFreeableMemoryBytes: FreeableMemory below this, 15 minutes.
+	AuroraFreeableMemoryBytes float64
+	// AuroraConnectionsPercent: DatabaseConnections above this share of
+	// the default max_connections at MaxCapacity, 10 minutes.
+	AuroraConnectionsPercent float64
+	// AuroraDeadlocks: Deadlocks (per second, maximum over 5 minutes).
+	AuroraDeadlocks float64
+	// AuroraFreeLocalStorageBytes: FreeLocalStorage below this.
+	AuroraFreeLocalStorageBytes float64
+	// AuroraTransactionIDs: MaximumUsedTransactionIDs (wraparound at 2^31).
+	AuroraTransactionIDs float64
+	// ProxyClientConnections: RDS Proxy ClientConnections, 10 minutes.
+	ProxyClientConnections float64
+	// ProxyPinnedSessions: DatabaseConnectionsCurrentlySessionPinned, 15 minutes.
+	ProxyPinnedSessions float64
+	// ProxyBorrowLatencyMicros: DatabaseConnectionsBorrowLatency (average), 15 minutes.
+	ProxyBorrowLatencyMicros float64
+	// BrokerMemoryPercent: a broker node's RabbitMQMemUsed as a share of
+	// RabbitMQ's memory limit, 5 minutes.
+	BrokerMemoryPercent float64
+	// BrokerDiskFreePercent: a broker node's RabbitMQDiskFree below this
+	// share of its volume, 5 minutes.
+	BrokerDiskFreePercent float64
 }
 
 // DefaultThresholds are the shipped alarm thresholds.
@@ -145,6 +176,19 @@ func DefaultThresholds() Thresholds {
 		ScheduleDLQVisibleMessages:   0,
 		OperationsErrors:             0,
 		BrokerQueueReadyMessages:     1000,
+		OldestTransactionAgeSeconds:  600,
+		UnroutedEvents:               0,
+		AuroraCPUPercent:             80,
+		AuroraFreeableMemoryBytes:    256 << 20,
+		AuroraConnectionsPercent:     80,
+		AuroraDeadlocks:              0,
+		AuroraFreeLocalStorageBytes:  1 << 30,
+		AuroraTransactionIDs:         1e9,
+		ProxyClientConnections:       1000,
+		ProxyPinnedSessions:          0,
+		ProxyBorrowLatencyMicros:     100000,
+		BrokerMemoryPercent:          80,
+		BrokerDiskFreePercent:        20,
 	}
 }
 
@@ -335,6 +379,7 @@ const DLQRetentionDays = 14
 // amqpBrokerArn/amqpEndpoint/amqpSecretArn/amqpSecurityGroupId (an existing
 // broker), amqpInstanceType, amqpDeploymentMode, amqpEngineVersion,
 // amqpUsername (a new one), and natsTopology, natsUrl, natsSecretArn,
+// natsDispatcherSecretArn, natsOperationsSecretArn, natsProvisionerSecretArn,
 // natsCidr, natsPort.
 func FromContext(node constructs.Node, cfg Config) (Config, error) {
 	str := func(key string, dst *string) {
@@ -376,6 +421,17 @@ func FromContext(node constructs.Node, cfg Config) (Config, error) {
 		"natsSecretArn": &cfg.NATS.SecretArn, "natsCidr": &cfg.NATS.CIDR,
 	} {
 		str(key, dst)
+	}
+	for key, ctx := range map[string]string{BrokerUserDispatcher: "natsDispatcherSecretArn", BrokerUserOperations: "natsOperationsSecretArn",
+		BrokerUserProvisioner: "natsProvisionerSecretArn"} {
+		var arn string
+		str(ctx, &arn)
+		if arn != "" {
+			if cfg.NATS.SecretArns == nil {
+				cfg.NATS.SecretArns = map[string]string{}
+			}
+			cfg.NATS.SecretArns[key] = arn
+		}
 	}
 	if err := num("natsPort", &cfg.NATS.Port); err != nil {
 		return cfg, err

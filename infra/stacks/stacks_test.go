@@ -879,6 +879,8 @@ func TestAlarms(t *testing.T) {
 		period           float64 // seconds
 		datapoints, over float64 // fires on datapoints breaching out of over
 	}
+	// Alarms that fire below their threshold (free memory, free storage).
+	below := map[string]bool{stacks.AlarmAuroraFreeableMemory: true, stacks.AlarmAuroraLocalStorage: true}
 	const breaching, ignore, notBreaching = "breaching", "ignore", "notBreaching"
 	wants := map[string]want{
 		stacks.AlarmPublishLag:        {stacks.MetricOldestDueAgeSeconds, th.PublishLagSeconds, breaching, 60, 3, 3},
@@ -894,6 +896,23 @@ func TestAlarms(t *testing.T) {
 		stacks.AlarmOperationsErrors:  {"Errors", th.OperationsErrors, notBreaching, 300, 1, 1},
 		stacks.AlarmDeliveryFailed:    {"NumberOfNotificationsFailed", th.DeliveryFailures, notBreaching, 300, 1, 1},
 		stacks.AlarmDeliveryLost:      {"NumberOfNotificationsFailedToRedriveToDlq", th.DeliveryLost, notBreaching, 300, 1, 1},
+	}
+	// The stateful side and the outbox's long-transaction and unrouted
+	// alarms. Default max_connections at 4 ACU is 901; 80 % of it is 720.
+	for name, w := range map[string]want{
+		stacks.AlarmOldestTransaction:    {stacks.MetricOldestTransactionAgeSeconds, th.OldestTransactionAgeSeconds, notBreaching, 60, 3, 3},
+		stacks.AlarmUnroutedEvents:       {stacks.MetricUnroutedEvents, th.UnroutedEvents, notBreaching, 300, 1, 1},
+		stacks.AlarmAuroraCPU:            {"CPUUtilization", th.AuroraCPUPercent, breaching, 300, 3, 3},
+		stacks.AlarmAuroraFreeableMemory: {"FreeableMemory", th.AuroraFreeableMemoryBytes, breaching, 300, 3, 3},
+		stacks.AlarmAuroraConnections:    {"DatabaseConnections", 720, breaching, 300, 2, 2},
+		stacks.AlarmAuroraDeadlocks:      {"Deadlocks", th.AuroraDeadlocks, notBreaching, 300, 1, 1},
+		stacks.AlarmAuroraLocalStorage:   {"FreeLocalStorage", th.AuroraFreeLocalStorageBytes, breaching, 300, 1, 1},
+		stacks.AlarmAuroraTransactionIDs: {"MaximumUsedTransactionIDs", th.AuroraTransactionIDs, notBreaching, 300, 1, 1},
+		stacks.AlarmProxyClientConns:     {"ClientConnections", th.ProxyClientConnections, notBreaching, 300, 2, 2},
+		stacks.AlarmProxyPinned:          {"DatabaseConnectionsCurrentlySessionPinned", th.ProxyPinnedSessions, notBreaching, 300, 3, 3},
+		stacks.AlarmProxyBorrowLatency:   {"DatabaseConnectionsBorrowLatency", th.ProxyBorrowLatencyMicros, notBreaching, 300, 3, 3},
+	} {
+		wants[name] = w
 	}
 	for _, c := range topology.Default().Consumers {
 		// One late batch in 5 minutes fires the lag alarm, so a consumer that
@@ -924,7 +943,11 @@ func TestAlarms(t *testing.T) {
 			continue
 		}
 		p := a.Props
-		if p["MetricName"] != w.metric || num(p["Threshold"]) != w.threshold || p["ComparisonOperator"] != "GreaterThanThreshold" ||
+		cmp := "GreaterThanThreshold"
+		if below[name] {
+			cmp = "LessThanThreshold"
+		}
+		if p["MetricName"] != w.metric || num(p["Threshold"]) != w.threshold || p["ComparisonOperator"] != cmp ||
 			p["TreatMissingData"] != w.missing || num(p["Period"]) != w.period || num(p["DatapointsToAlarm"]) != w.datapoints ||
 			num(p["EvaluationPeriods"]) != w.over {
 			t.Errorf("alarm %s: %v > %v over %vs, %v of %v, missing %v; want %s > %v over %vs, %v of %v, missing %s", name,
@@ -952,6 +975,35 @@ func TestAlarms(t *testing.T) {
 			t.Errorf("alarm %s: namespace %v dimensions %v", name, a.Props["Namespace"], a.Props["Dimensions"])
 		}
 	}
+	// The outbox gauge has the dispatcher's dimension, like the others.
+	if a := got[stacks.AlarmOldestTransaction]; a.Props["Namespace"] != "Fifobox" || joinTemplate(a.Props["Dimensions"]) != joinTemplate([]any{map[string]any{"Name": "Service", "Value": "dispatcher"}}) {
+		t.Errorf("alarm %s: namespace %v dimensions %v, want Fifobox Service=dispatcher", stacks.AlarmOldestTransaction, a.Props["Namespace"], a.Props["Dimensions"])
+	}
+	// Aurora's alarms watch the cluster, the proxy's the proxy (both in the
+	// stateful stack: imported values).
+	for name, dim := range map[string]string{stacks.AlarmAuroraCPU: "DBClusterIdentifier", stacks.AlarmAuroraDeadlocks: "DBClusterIdentifier",
+		stacks.AlarmProxyPinned: "ProxyName", stacks.AlarmProxyBorrowLatency: "ProxyName"} {
+		a := got[name]
+		dims := list(a.Props["Dimensions"])
+		if a.Props["Namespace"] != "AWS/RDS" || len(dims) != 1 || dig(dims[0], "Name") != dim || !strings.Contains(asJSON(dig(dims[0], "Value")), "Fn::GetStackOutput") {
+			t.Errorf("alarm %s: namespace %v dimensions %v, want AWS/RDS by the stateful stack's %s", name, a.Props["Namespace"], dims, dim)
+		}
+	}
+	// The unrouted-events metric counts the dispatcher's log lines.
+	filters := tpl.resources("AWS::Logs::MetricFilter")
+	if len(filters) != 1 {
+		t.Fatalf("%d metric filters, want the unrouted-events one", len(filters))
+	}
+	f := filters[0].Props
+	mt := list(f["MetricTransformations"])
+	if f["FilterPattern"] != `{ $.msg = "`+stacks.UnroutedLogMessage+`" }` || len(mt) != 1 || dig(mt[0], "MetricName") != stacks.MetricUnroutedEvents ||
+		dig(mt[0], "MetricValue") != "$.unrouted" || dig(mt[0], "MetricNamespace") != "Fifobox" {
+		t.Errorf("unrouted metric filter %v", f)
+	}
+	if lg := refID(f["LogGroupName"]); lg == "" || refID(dig(functions(t, tpl)["dispatcher"].Props, "LoggingConfig", "LogGroup")) != lg {
+		t.Errorf("unrouted metric filter on log group %v, want the dispatcher's", f["LogGroupName"])
+	}
+
 	// The SNS delivery alarms watch the events topic.
 	for _, name := range []string{stacks.AlarmDeliveryFailed, stacks.AlarmDeliveryLost} {
 		a := got[name]

@@ -269,10 +269,10 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 		}
 
 	}
-	brokerEnv, grantBroker, brokerTop := brokerAccess(stack, cfg, net)
+	broker := newBrokerAccess(stack, cfg, net)
 	if cfg.Transport == TransportRabbitMQ {
 		p.BrokerName = net.Broker.Name
-		newBrokerConsumers(stack, cfg, net, p, brokerTop.Consumers, common, brokerEnv, grantBroker)
+		newBrokerConsumers(stack, cfg, net, p, common, broker)
 	}
 
 	// Dispatcher: polls the outbox inside each invocation until shortly before
@@ -281,7 +281,7 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 	if sns {
 		dispatcherEnv["FIFOBOX_TOPIC_ARN"] = p.Topic.TopicArn()
 	}
-	for k, v := range brokerEnv {
+	for k, v := range broker.env(stack, BrokerUserDispatcher) {
 		dispatcherEnv[k] = v
 	}
 	dispatcher, drole := newFunction(stack, cfg, net, "Dispatcher", FnDispatcher, functionOptions{
@@ -302,7 +302,7 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 			Actions: jsii.Strings("sns:Publish"), Resources: jsii.Strings(*p.Topic.TopicArn()),
 		}))
 	} else {
-		grantBroker(drole)
+		broker.grant(BrokerUserDispatcher, drole)
 	}
 	p.Dispatcher = dispatcher
 
@@ -318,15 +318,19 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 			"subscription_dlq_url": cr.SubscriptionDLQ.QueueUrl(),
 		}
 	}
+	// A separate migration function where fifobox created the database
+	// (the master user's), and with RabbitMQ (the broker administrator's
+	// secret is the provisioner's alone).
+	separateMigrator := ownUsers(net) || (net != nil && cfg.Transport == TransportRabbitMQ)
 	opsDefault := "migrate"
-	if ownUsers(net) {
+	if separateMigrator {
 		opsDefault = "status"
 	}
 	redriveEnv := map[string]*string{"FIFOBOX_DEFAULT_OPERATION": jsii.String(opsDefault)}
 	if sns {
 		redriveEnv["FIFOBOX_QUEUES"] = stack.ToJsonString(queues, nil)
 	}
-	for k, v := range brokerEnv {
+	for k, v := range broker.env(stack, BrokerUserOperations) {
 		redriveEnv[k] = v
 	}
 	redrive, rrole := newFunction(stack, cfg, net, "Redrive", FnRedrive, functionOptions{
@@ -337,7 +341,7 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 		env:         common(FnRedrive, redriveEnv),
 	})
 	grantDB(cfg, net, FnRedrive, rrole)
-	grantBroker(rrole)
+	broker.grant(BrokerUserOperations, rrole)
 	if sns {
 		keyUse(rrole, p.QueueKey)
 	}
@@ -369,8 +373,8 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 		before = append(before, cr.Function)
 	}
 	migrator := redrive
-	if ownUsers(net) {
-		migrator = newMigrationFunction(stack, cfg, net, p, brokerEnv, grantBroker)
+	if separateMigrator {
+		migrator = newMigrationFunction(stack, cfg, net, p, broker)
 	}
 	p.Migrate = triggers.NewTrigger(stack, jsii.String("Migrate"), &triggers.TriggerProps{
 		Handler:                migrator,
@@ -445,7 +449,7 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 		AppliesTo: &[]any{cdknag.RegexAppliesTo{Regex: jsii.String(`/^Resource::<(Dispatcher|Redrive)[A-Za-z0-9]+\.Arn>:\*$/g`)}},
 	}}, jsii.Bool(true))
 
-	newAlarms(stack, cfg, p)
+	newAlarms(stack, cfg, p, net)
 	newDashboard(stack, cfg, p)
 	return p
 }
@@ -492,16 +496,23 @@ func grantDB(cfg Config, net *Network, fn string, role awsiam.Role) {
 // code with migrate as its default operation, logging in as the master user
 // (the owner of fifobox's tables) with the cluster's secret, straight to the
 // cluster's writer. Nothing else may invoke it.
-func newMigrationFunction(stack awscdk.Stack, cfg Config, net *Network, p *Pipeline, brokerEnv map[string]*string, grantBroker func(awsiam.Role)) awslambda.Function {
-	env := map[string]*string{
-		"FIFOBOX_DB_HOST":           net.Cluster.ClusterEndpoint().Hostname(),
-		"FIFOBOX_DB_PORT":           jsii.String(strconv.Itoa(DBPort)),
-		"FIFOBOX_DB_NAME":           jsii.String(cfg.DatabaseName),
-		"FIFOBOX_DB_SECRET_ARN":     net.Cluster.Secret().SecretArn(),
-		"FIFOBOX_DEFAULT_OPERATION": jsii.String("migrate"),
+func newMigrationFunction(stack awscdk.Stack, cfg Config, net *Network, p *Pipeline, broker *brokerAccess) awslambda.Function {
+	env := map[string]*string{"FIFOBOX_DEFAULT_OPERATION": jsii.String("migrate")}
+	if ownUsers(net) {
+		env["FIFOBOX_DB_HOST"] = net.Cluster.ClusterEndpoint().Hostname()
+		env["FIFOBOX_DB_PORT"] = jsii.String(strconv.Itoa(DBPort))
+		env["FIFOBOX_DB_NAME"] = jsii.String(cfg.DatabaseName)
+		env["FIFOBOX_DB_SECRET_ARN"] = net.Cluster.Secret().SecretArn()
+	} else {
+		// An existing proxy: the operations function's database user.
+		dbEnv, _ := databaseAccess(cfg, net, FnRedrive)
+		for k, v := range dbEnv {
+			env[k] = v
+		}
 	}
-	// With a broker, migrate also declares its topology (pkg/redrive).
-	for k, v := range brokerEnv {
+	// With a broker, migrate also declares its topology and, on RabbitMQ,
+	// creates the functions' users as the administrator (pkg/redrive).
+	for k, v := range broker.env(stack, BrokerUserProvisioner) {
 		env[k] = v
 	}
 	fn, role := newFunction(stack, cfg, net, "Migration", FnRedrive, functionOptions{
@@ -511,8 +522,12 @@ func newMigrationFunction(stack awscdk.Stack, cfg Config, net *Network, p *Pipel
 		memoryMB:    256,
 		env:         &env,
 	})
-	net.Cluster.Secret().GrantRead(role, nil)
-	grantBroker(role)
+	if ownUsers(net) {
+		net.Cluster.Secret().GrantRead(role, nil)
+	} else {
+		grantDB(cfg, net, FnRedrive, role)
+	}
+	broker.grant(BrokerUserProvisioner, role)
 	return fn
 }
 

@@ -67,6 +67,13 @@ type NATSConfig struct {
 	// SecretArn, if set, is a Secrets Manager secret holding the credentials:
 	// {"username","password"}, {"token"} or {"creds"} (a .creds file's text).
 	SecretArn string
+	// SecretArns are per-function secrets (BrokerUserDispatcher,
+	// BrokerUserOperations, BrokerUserProvisioner: context
+	// natsDispatcherSecretArn, natsOperationsSecretArn,
+	// natsProvisionerSecretArn), each that function's own NATS user (see
+	// natsbus.Topology.AuthorizationConfig); a function without one uses
+	// SecretArn.
+	SecretArns map[string]string
 	// CIDR and Port are where the functions may connect: default the VPC's
 	// range and 4222.
 	CIDR string
@@ -185,6 +192,12 @@ func (c Config) validateTransport() error {
 		}
 		if !validUsername.MatchString(a.Username) {
 			return fmt.Errorf("context amqpUsername %q: letters, digits and -_.~ only", a.Username)
+		}
+		// The functions' users are named after it (BrokerUsername).
+		for _, cons := range top.Consumers {
+			if n := BrokerUsername(c, BrokerUserConsumer(cons.Name)); len(n) > 100 {
+				return fmt.Errorf("context amqpUsername %q: consumer %s's broker user %s is %d characters, Amazon MQ allows 100", a.Username, cons.Name, n, len(n))
+			}
 		}
 		if len(c.Prefix)+len("-broker") > 50 {
 			return fmt.Errorf("prefix %q: the broker's name <prefix>-broker must be at most 50 characters", c.Prefix)

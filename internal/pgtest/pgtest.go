@@ -24,6 +24,7 @@ import (
 
 	"github.com/fifobox/fifobox/internal/containers"
 	"github.com/fifobox/fifobox/migrations"
+	"github.com/fifobox/fifobox/pkg/redact"
 )
 
 // DefaultURL is used when FIFOBOX_TEST_DATABASE_URL is unset.
@@ -89,7 +90,7 @@ func NewEmpty(tb testing.TB) *DB {
 	defer cancel()
 	admin, err := pgx.Connect(ctx, URL())
 	if err != nil {
-		tb.Fatalf("pgtest: connect to %s: %v (is PostgreSQL running? see .ci/run)", redact(URL()), err)
+		tb.Fatalf("pgtest: connect to %s: %v (is PostgreSQL running? see .ci/run)", redact.DSN(URL()), err)
 	}
 	defer admin.Close(ctx)
 	b := make([]byte, 6)
@@ -141,13 +142,4 @@ func WithSearchPath(url, schema string) string {
 		sep = "&"
 	}
 	return url + sep + "search_path=" + schema
-}
-
-func redact(u string) string {
-	if i := strings.Index(u, "@"); i > 0 {
-		if j := strings.Index(u, "://"); j > 0 && j < i {
-			return u[:j+3] + "***" + u[i:]
-		}
-	}
-	return u
 }

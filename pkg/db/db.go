@@ -29,6 +29,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fifobox/fifobox/pkg/envspec"
+	"github.com/fifobox/fifobox/pkg/redact"
 )
 
 // Config says how to reach PostgreSQL. Either URL, or Host/Name/User with IAMAuth.
@@ -117,7 +118,7 @@ func intEnv(name string, def int) (int, error) {
 func (c Config) Validate() error {
 	if c.URL != "" {
 		if _, err := pgxpool.ParseConfig(c.URL); err != nil {
-			return fmt.Errorf("FIFOBOX_DATABASE_URL: %v", redactErr(err))
+			return fmt.Errorf("FIFOBOX_DATABASE_URL: %w", redact.Error(err, c.URL))
 		}
 		return nil
 	}
@@ -167,7 +168,7 @@ func PoolConfig(c Config, creds aws.CredentialsProvider, mint TokenFunc) (*pgxpo
 	if c.URL != "" {
 		pc, err = pgxpool.ParseConfig(c.URL)
 		if err != nil {
-			return nil, fmt.Errorf("FIFOBOX_DATABASE_URL: %v", redactErr(err))
+			return nil, fmt.Errorf("FIFOBOX_DATABASE_URL: %w", redact.Error(err, c.URL))
 		}
 	} else {
 		dsn := (&url.URL{Scheme: "postgres", User: url.User(c.User), Host: net.JoinHostPort(c.Host, strconv.Itoa(c.Port)), Path: "/" + c.Name,
@@ -298,12 +299,4 @@ func Open(ctx context.Context, c Config, creds aws.CredentialsProvider) (*pgxpoo
 		return nil, fmt.Errorf("connect to database %s: %w", pc.ConnConfig.Host, err)
 	}
 	return pool, nil
-}
-
-// redactErr keeps connection-string parse errors from echoing a password.
-func redactErr(err error) string {
-	if u := errors.Unwrap(err); u != nil {
-		return "cannot parse connection string (" + u.Error() + ")"
-	}
-	return "cannot parse connection string"
 }

@@ -6,13 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"sync"
 	"time"
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/fifobox/fifobox/pkg/envspec"
+	"github.com/fifobox/fifobox/pkg/redact"
+	"github.com/fifobox/fifobox/pkg/wire"
 )
 
 // Environment variables read by ConfigFromEnv.
@@ -67,6 +68,20 @@ type Config struct {
 	TLS *tls.Config
 	// Logger; default slog.Default().
 	Logger *slog.Logger
+	// Wire, if set, publishes every event as this wire profile renders it
+	// (its exchange, routing key, body, headers and properties) instead of
+	// fifobox's envelope through Topology (pkg/wire; ProfileProvisioner
+	// declares the profile's entities).
+	Wire *wire.Mapper
+
+	// Users are the functions' broker users the Provisioner creates or
+	// updates (through the management API, as URL's administrator), each
+	// with its role's permissions on URL's vhost. Empty: none.
+	Users []User
+	// ManagementURL is the RabbitMQ management API, for Users. Default:
+	// https://<host> for an amqps URL (Amazon MQ, port 443), else
+	// http://<host>:15672.
+	ManagementURL string
 }
 
 func (c *Config) setDefaults() {
@@ -97,7 +112,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("URL (%s): required", EnvURL)
 	}
 	if _, err := amqp091.ParseURI(c.URL); err != nil {
-		return fmt.Errorf("URL (%s) %s: %w", EnvURL, redactURL(c.URL), err)
+		// ParseURI's error quotes the URL, password and all.
+		return fmt.Errorf("URL (%s) %s: %w", EnvURL, redact.URL(c.URL), redact.Error(err, c.URL))
 	}
 	switch {
 	case c.Heartbeat < time.Second:
@@ -114,7 +130,7 @@ func (c *Config) Validate() error {
 	if err := c.Topology.Prepare(); err != nil {
 		return fmt.Errorf("topology (%s): %w", EnvTopology, err)
 	}
-	return nil
+	return c.validateWire()
 }
 
 // ConfigFromEnv reads FIFOBOX_AMQP_URL (default DefaultURL, the local
@@ -131,6 +147,9 @@ func ConfigFromEnv() (Config, error) {
 		return Config{}, fmt.Errorf("%s: %w", EnvTopology, err)
 	}
 	c.Topology = t
+	if c.Wire, err = wireFromEnv(); err != nil {
+		return Config{}, err
+	}
 	c.setDefaults()
 	return c, c.Validate()
 }
@@ -153,21 +172,9 @@ func (c *Config) dial(role string) (*amqp091.Connection, error) {
 		TLSClientConfig: c.TLS,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("connect to %s: %w", redactURL(c.URL), err)
+		return nil, fmt.Errorf("connect to %s: %w", redact.URL(c.URL), redact.Error(err, c.URL))
 	}
 	return conn, nil
-}
-
-// redactURL drops the password from an AMQP URL for logs and errors.
-func redactURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil || u.User == nil {
-		return s
-	}
-	if _, ok := u.User.Password(); ok {
-		u.User = url.UserPassword(u.User.Username(), "***")
-	}
-	return u.String()
 }
 
 // ErrUnavailable is returned (wrapped, retryable) when the broker cannot be reached.

@@ -31,13 +31,17 @@ func NewProvisioner(cfg Config) (*Provisioner, error) {
 // delete the entity (after draining it) or keep its old settings.
 var ErrTopologyConflict = errors.New("amqp: an existing exchange or queue has other settings than the topology")
 
-// Provision declares, in order: the events exchange; the dead-letter
+// Provision declares, in order: under the alternate unrouted policy the
+// alternate exchange "<exchange>.unrouted" (fanout) and its catch-all
+// queue; the events exchange; the dead-letter
 // exchange (direct); per consumer its queue (durable, single active
 // consumer, dead-lettering to "<queue>.dlq", quorum or classic), the queue's
 // bindings, its DLQ bound to the dead-letter exchange, and one delay queue
 // per distinct retry delay (TTL, dead-lettering back to the queue through
-// the default exchange). Declaring what exists with the same settings
-// changes nothing, so Provision is safe to run on every deploy or start.
+// the default exchange), and the consumer's settle exchange bound to its
+// retry queues and DLQ. Declaring what exists with the same settings changes
+// nothing, so Provision is safe to run on every deploy or start. Then it
+// creates or updates Config.Users through the management API.
 //
 // It does not remove bindings or queues the topology no longer lists: AMQP
 // cannot list them (the management API can); remove them by hand.
@@ -62,7 +66,23 @@ func (p *Provisioner) Provision(ctx context.Context) error {
 		}
 		return fmt.Errorf("provision %s: %w", what, err)
 	}
-	if err := step("exchange "+t.Exchange.Name, ch.ExchangeDeclare(t.Exchange.Name, t.Exchange.Kind, true, false, false, false, nil)); err != nil {
+	var exchangeArgs amqp091.Table
+	if ae := t.AlternateExchange(); ae != "" {
+		// The catch-all first: the events exchange names it. Changing the
+		// policy of an existing events exchange is a conflict (RabbitMQ
+		// compares alternate-exchange on redeclaration).
+		if err := step("alternate exchange "+ae, ch.ExchangeDeclare(ae, KindFanout, true, false, false, false, nil)); err != nil {
+			return err
+		}
+		if _, err := ch.QueueDeclare(t.Unrouted.Queue, true, false, false, false, t.dlqArgs()); err != nil {
+			return step("queue "+t.Unrouted.Queue, err)
+		}
+		if err := step("binding "+ae+" -> "+t.Unrouted.Queue, ch.QueueBind(t.Unrouted.Queue, "", ae, false, nil)); err != nil {
+			return err
+		}
+		exchangeArgs = amqp091.Table{"alternate-exchange": ae}
+	}
+	if err := step("exchange "+t.Exchange.Name, ch.ExchangeDeclare(t.Exchange.Name, t.Exchange.Kind, true, false, false, false, exchangeArgs)); err != nil {
 		return err
 	}
 	if err := step("dead-letter exchange "+t.DeadLetterExchange, ch.ExchangeDeclare(t.DeadLetterExchange, KindDirect, true, false, false, false, nil)); err != nil {
@@ -95,12 +115,28 @@ func (p *Provisioner) Provision(ctx context.Context) error {
 		if err := step("binding "+t.DeadLetterExchange+" -> "+c.DLQName(), ch.QueueBind(c.DLQName(), c.DLQName(), t.DeadLetterExchange, false, nil)); err != nil {
 			return err
 		}
+		settle := c.SettleExchange()
+		if err := step("settle exchange "+settle, ch.ExchangeDeclare(settle, KindDirect, true, false, false, false, nil)); err != nil {
+			return err
+		}
+		if err := step("binding "+settle+" -> "+c.DLQName(), ch.QueueBind(c.DLQName(), c.DLQName(), settle, false, nil)); err != nil {
+			return err
+		}
 		for _, rq := range c.RetryQueues() {
 			if _, err := ch.QueueDeclare(rq.Name, true, false, false, false, t.retryQueueArgs(c, rq.Delay)); err != nil {
 				return step("queue "+rq.Name, err)
 			}
+			if err := step("binding "+settle+" -> "+rq.Name, ch.QueueBind(rq.Name, rq.Name, settle, false, nil)); err != nil {
+				return err
+			}
 		}
 	}
 	p.cfg.Logger.Info("amqp: topology provisioned", "exchange", t.Exchange.Name, "consumers", len(t.Consumers))
-	return ch.Close()
+	if err := ch.Close(); err != nil {
+		return fmt.Errorf("provision: %w", err)
+	}
+	if len(p.cfg.Users) > 0 {
+		return p.provisionUsers(ctx)
+	}
+	return nil
 }

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
+	"github.com/fifobox/fifobox/pkg/transport"
 )
 
 // Publish outcomes. Every one but ErrTooLarge and ErrRoutingKey is retryable:
@@ -18,11 +20,13 @@ import (
 // aggregate until an operator acts.
 var (
 	// ErrUnroutable: the broker confirmed the message but no queue is bound
-	// for its routing key (basic.return, NO_ROUTE; published with mandatory).
-	// Retryable: the usual cause is a queue deleted or not yet provisioned,
-	// which provisioning repairs; the dispatcher's backoff and MaxAttempts
-	// then decide, and an event type nobody subscribes to ends dead (as it
-	// should: bind a catch-all queue if such events are expected).
+	// for its routing key (basic.return, NO_ROUTE; published with mandatory)
+	// although the topology says a consumer selects it. Retryable: the
+	// cause is a queue deleted or not yet provisioned (or, under the
+	// alternate policy, the catch-all queue), which provisioning repairs.
+	// An event that no consumer of the topology selects is not an error:
+	// the topology's Unrouted policy decides (delivered and reported by
+	// default), so it never holds its aggregate back.
 	ErrUnroutable = errors.New("amqp: unroutable: no queue is bound for the routing key")
 	// ErrNacked: the broker refused the message (basic.nack): a queue it
 	// routes to is full (x-max-length with reject-publish) or could not store
@@ -58,7 +62,20 @@ type Publisher struct {
 	cfg  Config
 	topo *Topology
 	s    *sender
+
+	unrouted atomic.Int64
 }
+
+// PublishStats counts what a Publisher did beyond plain deliveries.
+type PublishStats struct {
+	// Unrouted counts events that no consumer of the topology selects,
+	// handled by the topology's Unrouted policy (each also logged as
+	// transport.UnroutedLogMessage).
+	Unrouted int64
+}
+
+// Stats returns the publisher's counts since it was created.
+func (p *Publisher) Stats() PublishStats { return PublishStats{Unrouted: p.unrouted.Load()} }
 
 var _ outbox.Publisher = (*Publisher)(nil)
 
@@ -122,6 +139,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error 
 		}
 		pc.sendOn(ctx, wout, werrs)
 		for k, i := range send {
+			werrs[k] = p.unroutedPolicy(&msgs[i], werrs[k])
 			if errs[i] = werrs[k]; errs[i] != nil {
 				failed[aggKey{msgs[i].AggregateType, msgs[i].GroupID}] = true
 			}
@@ -130,8 +148,36 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error 
 	return errs
 }
 
+// unroutedPolicy applies the topology's Unrouted policy to m's publish
+// result err: an event no consumer selects is reported, and, returned by the
+// broker under the deliver policy, counts as delivered. Any other result
+// stands (a return for an event the topology routes means a missing queue:
+// retryable).
+func (p *Publisher) unroutedPolicy(m *outbox.Message, err error) error {
+	pol := p.topo.Unrouted.Policy
+	if (err == nil && pol != transport.UnroutedAlternate) || (err != nil && !errors.Is(err, ErrUnroutable)) {
+		return err // the common case costs no topology check
+	}
+	if p.selects(m) {
+		return err
+	}
+	switch {
+	case pol == transport.UnroutedAlternate && err == nil:
+		p.unrouted.Add(1)
+		transport.LogUnrouted(p.cfg.Logger, transport.RabbitMQ, pol, m, "queue "+p.topo.Unrouted.Queue+" (alternate exchange "+p.topo.AlternateExchange()+")")
+	case pol == transport.UnroutedDeliver && err != nil:
+		p.unrouted.Add(1)
+		transport.LogUnrouted(p.cfg.Logger, transport.RabbitMQ, pol, m, "nowhere (no queue is bound for it)")
+		return nil
+	}
+	return err
+}
+
 // message renders one outbox message as a publishing to the events exchange.
 func (p *Publisher) message(m *outbox.Message, now time.Time) (outgoing, error) {
+	if p.cfg.Wire != nil {
+		return p.wireMessage(m)
+	}
 	if len(m.Body) > p.cfg.MaxMessageBytes {
 		return outgoing{}, envelope.Permanent(fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(m.Body), p.cfg.MaxMessageBytes))
 	}

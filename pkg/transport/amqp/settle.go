@@ -53,8 +53,8 @@ func (t *Topology) record(d *delivery, body []byte, deliveries int) *inbox.Recor
 }
 
 // broker settles records on RabbitMQ for the engine: acknowledge, retry
-// through the consumer's delay queues, dead-letter through the dead-letter
-// exchange. Retry and dead-letter copies are publisher-confirmed before the
+// through the consumer's delay queues, dead-letter to its DLQ, both sent
+// through the consumer's own settle exchange. Retry and dead-letter copies are publisher-confirmed before the
 // original is acknowledged, so a crash in between leaves a copy twice,
 // never none (the inbox and the parks recognise the copy).
 type broker struct {
@@ -86,15 +86,15 @@ func (b *broker) Retry(ctx context.Context, r *inbox.Record, rt inbox.Retry) err
 	h := copyHeaders(d.headers, true)
 	h[b.topo.AttemptsHeader] = int32(rt.Failures)
 	q := b.c.RetryQueueName(n)
-	if err := b.out.sendOne(ctx, outgoing{exchange: "", key: q, msg: republish(d, r.Body, h)}); err != nil {
+	if err := b.out.sendOne(ctx, outgoing{exchange: b.c.SettleExchange(), key: q, msg: republish(d, r.Body, h)}); err != nil {
 		return fmt.Errorf("send to delay queue %s: %w", q, err)
 	}
 	return b.Ack(ctx, r)
 }
 
-// DeadLetter sends r to the consumer's DLQ through the dead-letter
-// exchange, with the reason in x-fifobox-error-* headers, then
-// acknowledges it.
+// DeadLetter sends r to the consumer's DLQ through its settle exchange
+// (the only one its broker user may write), with the reason in
+// x-fifobox-error-* headers, then acknowledges it.
 func (b *broker) DeadLetter(ctx context.Context, r *inbox.Record, dl inbox.DeadLetter) error {
 	d := r.Handle.(*delivery)
 	h := copyHeaders(d.headers, false)
@@ -105,7 +105,7 @@ func (b *broker) DeadLetter(ctx context.Context, r *inbox.Record, dl inbox.DeadL
 	if dl.Class != inbox.ClassHeld && dl.Class != inbox.ClassInvalid {
 		h[b.topo.AttemptsHeader] = int32(max(dl.Failures-1, 0))
 	}
-	if err := b.out.sendOne(ctx, outgoing{exchange: b.topo.DeadLetterExchange, key: b.c.DLQName(), msg: republish(d, r.Body, h)}); err != nil {
+	if err := b.out.sendOne(ctx, outgoing{exchange: b.c.SettleExchange(), key: b.c.DLQName(), msg: republish(d, r.Body, h)}); err != nil {
 		return fmt.Errorf("send to DLQ %s: %w", b.c.DLQName(), err)
 	}
 	return b.Ack(ctx, r)

@@ -14,6 +14,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/fifobox/fifobox/pkg/envelope"
+	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/topology"
 	"github.com/fifobox/fifobox/pkg/transport"
 )
@@ -76,6 +77,9 @@ type Topology struct {
 	QueueType string `json:"queue_type,omitempty"`
 	// Consumers each get a queue, retry queues and a DLQ.
 	Consumers []Consumer `json:"consumers"`
+	// Unrouted is what happens to an event no consumer's binding selects.
+	// Default: delivered and reported (transport.UnroutedDeliver).
+	Unrouted Unrouted `json:"unrouted,omitzero"`
 
 	routingKey template
 	headers    map[string]template
@@ -119,6 +123,37 @@ type Consumer struct {
 	Workers int `json:"workers,omitempty"`
 }
 
+// Unrouted is the topology's policy for events that no consumer's binding
+// selects (see transport.UnroutedDeliver and transport.UnroutedAlternate).
+type Unrouted struct {
+	// Policy is "deliver" (default: the publish counts as delivered and is
+	// reported) or "alternate" (the events exchange gets an alternate
+	// exchange, "<exchange>.unrouted", whose one queue keeps such events).
+	Policy string `json:"policy,omitempty"`
+	// Queue is the catch-all queue of the alternate policy. Default
+	// "<exchange>.unrouted".
+	Queue string `json:"queue,omitempty"`
+}
+
+// AlternateExchange is the fanout exchange unrouted events go to under the
+// alternate policy, "<exchange>.unrouted" ("" under the deliver policy).
+func (t *Topology) AlternateExchange() string {
+	if t.Unrouted.Policy != transport.UnroutedAlternate {
+		return ""
+	}
+	return t.Exchange.Name + ".unrouted"
+}
+
+// selectedByAny reports whether some consumer's bindings select m.
+func (t *Topology) selectedByAny(m *outbox.Message) bool {
+	for _, c := range t.Consumers {
+		if t.selects(c, m) {
+			return true
+		}
+	}
+	return false
+}
+
 // Binding is one binding of a consumer's queue to the exchange.
 type Binding struct {
 	// Key is the binding key (topic: words with * and #; direct: exact).
@@ -138,6 +173,12 @@ func (c Consumer) QueueName() string {
 // DLQName is the consumer's dead-letter queue, "<queue>.dlq"; it is also the
 // routing key that the dead-letter exchange routes to it with.
 func (c Consumer) DLQName() string { return c.QueueName() + ".dlq" }
+
+// SettleExchange is the consumer's own direct exchange, "<queue>.settle",
+// bound to its retry queues and its DLQ (each by its name): the consumer
+// publishes its retries and dead letters there, so its broker user may write
+// to that exchange only, never into another consumer's queues.
+func (c Consumer) SettleExchange() string { return c.QueueName() + ".settle" }
 
 // RetryQueueName is the queue holding messages waiting for retry n
 // (1-based): "<queue>.retry.<delay>", e.g. "orders.retry.4s". Naming it by
@@ -203,6 +244,12 @@ func (t *Topology) setDefaults() {
 	}
 	if t.QueueType == "" {
 		t.QueueType = QueueQuorum
+	}
+	if t.Unrouted.Policy == "" {
+		t.Unrouted.Policy = transport.UnroutedDeliver
+	}
+	if t.Unrouted.Policy == transport.UnroutedAlternate && t.Unrouted.Queue == "" && t.Exchange.Name != "" {
+		t.Unrouted.Queue = t.Exchange.Name + ".unrouted"
 	}
 	for i := range t.Consumers {
 		c := &t.Consumers[i]
@@ -277,7 +324,19 @@ func (t *Topology) Prepare() error {
 	if len(t.Consumers) == 0 {
 		add("consumers: at least one consumer is required")
 	}
+	if err := transport.CheckUnroutedPolicy(t.Unrouted.Policy); err != nil {
+		add("%v", err)
+	}
 	names, queues := map[string]bool{}, map[string]bool{}
+	if t.Unrouted.Policy == transport.UnroutedAlternate {
+		q := t.Unrouted.Queue
+		if !entityNameRE.MatchString(q) || strings.HasPrefix(q, "amq.") {
+			add("unrouted.queue %q: must be 1-200 letters, digits, '.', '_', ':' or '-', not starting with amq.", q)
+		}
+		queues[q] = true
+	} else if t.Unrouted.Queue != "" {
+		add("unrouted.queue %q: only with policy %s", t.Unrouted.Queue, transport.UnroutedAlternate)
+	}
 	for i, c := range t.Consumers {
 		p := fmt.Sprintf("consumers[%d]", i)
 		if !consumerNameRE.MatchString(c.Name) {

@@ -16,6 +16,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fifobox/fifobox/pkg/envspec"
+	"github.com/fifobox/fifobox/pkg/redact"
+	"github.com/fifobox/fifobox/pkg/wire"
 )
 
 // Environment variables read by ConfigFromEnv.
@@ -87,8 +89,18 @@ type Config struct {
 	// TLS overrides the TLS client settings (default: the system roots and
 	// the URL's host name, when the URL is tls://).
 	TLS *tls.Config
+	// InboxPrefix is the prefix of the connections' reply subjects.
+	// Default InboxPrefix(User): "_INBOX.<user>" for a user name that is one
+	// subject token, so a user's permissions can let it read its own
+	// replies only; "_INBOX" otherwise.
+	InboxPrefix string
 	// Logger; default slog.Default().
 	Logger *slog.Logger
+	// Wire, if set, publishes every event as this wire profile renders it
+	// (its subject, body and headers, Nats-Msg-Id from the profile) to the
+	// profile's stream, instead of fifobox's envelope through Topology
+	// (pkg/wire; ProfileProvisioner creates the stream).
+	Wire *wire.Mapper
 }
 
 func (c *Config) setDefaults() {
@@ -118,15 +130,16 @@ func (c *Config) Validate() error {
 	for _, u := range strings.Split(c.URL, ",") {
 		p, err := url.Parse(strings.TrimSpace(u))
 		if err != nil {
-			return fmt.Errorf("URL (%s) %s: %w", EnvURL, redactURL(u), err)
+			// url.Parse's error quotes the URL, password and all.
+			return fmt.Errorf("URL (%s) %s: %w", EnvURL, redact.URL(u), redact.Error(err, u))
 		}
 		switch p.Scheme {
 		case "nats", "tls", "ws", "wss":
 		default:
-			return fmt.Errorf("URL (%s) %s: scheme must be nats, tls, ws or wss", EnvURL, redactURL(u))
+			return fmt.Errorf("URL (%s) %s: scheme must be nats, tls, ws or wss", EnvURL, redact.URL(u))
 		}
 		if p.Host == "" {
-			return fmt.Errorf("URL (%s) %s: no host", EnvURL, redactURL(u))
+			return fmt.Errorf("URL (%s) %s: no host", EnvURL, redact.URL(u))
 		}
 	}
 	switch {
@@ -148,7 +161,7 @@ func (c *Config) Validate() error {
 	if err := c.Topology.Prepare(); err != nil {
 		return fmt.Errorf("topology (%s): %w", EnvTopology, err)
 	}
-	return nil
+	return c.validateWire()
 }
 
 // ConfigFromEnv reads FIFOBOX_NATS_URL (default DefaultURL),
@@ -175,6 +188,9 @@ func ConfigFromEnv() (Config, error) {
 		t.Subject = v
 	}
 	c.Topology = t
+	if c.Wire, err = wireFromEnv(); err != nil {
+		return Config{}, err
+	}
 	c.setDefaults()
 	if err := c.Validate(); err != nil {
 		return Config{}, fmt.Errorf("nats config from environment (%s, %s, %s): %w", EnvStream, EnvSubjectPrefix, EnvSubject, err)
@@ -209,6 +225,15 @@ func (c *Config) dial(role string) (*natsgo.Conn, error) {
 			log.Warn("nats: asynchronous error", "error", err.Error())
 		}),
 	}
+	// Decided here, not in setDefaults: the user may come from a secret
+	// after the defaults were applied.
+	inbox := c.InboxPrefix
+	if inbox == "" {
+		inbox = InboxPrefix(c.User)
+	}
+	if inbox != "_INBOX" {
+		opts = append(opts, natsgo.CustomInboxPrefix(inbox))
+	}
 	if c.CredsFile != "" {
 		opts = append(opts, natsgo.UserCredentials(c.CredsFile))
 	}
@@ -223,25 +248,9 @@ func (c *Config) dial(role string) (*natsgo.Conn, error) {
 	}
 	nc, err := natsgo.Connect(c.URL, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("connect to %s: %w", redactURL(c.URL), err)
+		return nil, fmt.Errorf("connect to %s: %w", redact.URL(c.URL), redact.Error(err, c.URL, c.Password, c.Token))
 	}
 	return nc, nil
-}
-
-// redactURL drops passwords from a (comma-separated) server URL for logs and errors.
-func redactURL(s string) string {
-	parts := strings.Split(s, ",")
-	for i, p := range parts {
-		u, err := url.Parse(strings.TrimSpace(p))
-		if err != nil || u.User == nil {
-			continue
-		}
-		if _, ok := u.User.Password(); ok {
-			u.User = url.UserPassword(u.User.Username(), "xxxxx")
-		}
-		parts[i] = u.String()
-	}
-	return strings.Join(parts, ",")
 }
 
 // ErrUnavailable is returned (wrapped, retryable) when the server cannot be reached.

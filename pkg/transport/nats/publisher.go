@@ -14,6 +14,7 @@ import (
 
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
+	"github.com/fifobox/fifobox/pkg/transport"
 )
 
 // Publish outcomes. ErrTooLarge, ErrWrongStream, ErrSubjectNotBound and
@@ -40,7 +41,9 @@ var (
 	// than the topology's (Nats-Expected-Stream did not match).
 	ErrWrongStream = errors.New("nats: the subject is bound to another stream")
 	// ErrSubjectNotBound (permanent): the topology's stream exists but none
-	// of its subjects covers the message's subject.
+	// of its subjects covers the message's subject, although a consumer's
+	// filters select it (for an event no consumer selects, the topology's
+	// Unrouted policy decides instead: delivered and reported by default).
 	ErrSubjectNotBound = errors.New("nats: the subject is not bound to the stream")
 	// ErrSubject (permanent): the rendered subject is not a valid subject.
 	ErrSubject = errors.New("nats: invalid subject")
@@ -92,12 +95,34 @@ func (p *Publisher) Close() error { return p.s.close() }
 func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error {
 	errs := make([]error, len(msgs))
 	out := make([]outgoing, len(msgs))
+	unrouted := make([]bool, len(msgs))
 	var ready []int
 	for i := range msgs {
 		var err error
-		if out[i], err = p.topo.outgoing(&msgs[i], p.topo.EventSubject(&msgs[i]), msgs[i].EventID); err != nil {
+		if p.cfg.Wire != nil {
+			// A wire profile's stream captures its subjects, for consumers
+			// fifobox does not know: an event on a subject the stream does not
+			// capture is the unrouted one.
+			if out[i], err = p.wireOutgoing(&msgs[i]); err != nil {
+				errs[i] = err
+				continue
+			}
+			unrouted[i] = !p.wireCaptures(out[i].msg.Subject)
+			ready = append(ready, i)
+			continue
+		}
+		subject := p.topo.EventSubject(&msgs[i])
+		unrouted[i] = !p.topo.selectedByAny(subject)
+		alternate := unrouted[i] && p.topo.Unrouted.Policy == transport.UnroutedAlternate
+		if alternate {
+			subject = p.topo.UnroutedSubject(&msgs[i])
+		}
+		if out[i], err = p.topo.outgoing(&msgs[i], subject, msgs[i].EventID); err != nil {
 			errs[i] = err
 			continue
+		}
+		if alternate {
+			out[i].stream = p.topo.DeadLetterStream
 		}
 		ready = append(ready, i)
 	}
@@ -115,12 +140,36 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error 
 		}
 		for k, err := range p.s.send(ctx, send) {
 			i := idx[k]
+			if unrouted[i] {
+				err = p.unroutedPolicy(&msgs[i], send[k].msg.Subject, err)
+			}
 			if errs[i] = err; err != nil {
 				failed[aggKey{msgs[i].AggregateType, msgs[i].GroupID}] = true
 			}
 		}
 	}
 	return errs
+}
+
+// unroutedPolicy reports an event no consumer selects, published on
+// subject with result err; under the deliver policy a subject the stream
+// does not capture counts as delivered too. Any other failure stands.
+func (p *Publisher) unroutedPolicy(m *outbox.Message, subject string, err error) error {
+	pol := p.topo.Unrouted.Policy
+	switch {
+	case err == nil:
+		to := "stream " + p.topo.Stream + " (no consumer selects it)"
+		if pol == transport.UnroutedAlternate {
+			to = "stream " + p.topo.DeadLetterStream + " subject " + subject
+		}
+		p.s.unrouted.Add(1)
+		transport.LogUnrouted(p.cfg.Logger, transport.NATS, pol, m, to)
+	case pol == transport.UnroutedDeliver && errors.Is(err, ErrSubjectNotBound):
+		p.s.unrouted.Add(1)
+		transport.LogUnrouted(p.cfg.Logger, transport.NATS, pol, m, "nowhere (no stream captures "+subject+")")
+		return nil
+	}
+	return err
 }
 
 // outgoing renders m as a message on subject for the events stream, with
@@ -211,7 +260,7 @@ type sender struct {
 	mu      sync.Mutex
 	streams map[string]streamCheck // cached lookups for mapping "no responders"
 
-	stored, duplicates atomic.Int64
+	stored, duplicates, unrouted atomic.Int64
 }
 
 // PublishStats counts a publisher's acknowledged messages.
@@ -222,11 +271,15 @@ type PublishStats struct {
 	// duplicates inside its duplicate window (PubAck.Duplicate) and did not
 	// store again: each is a dispatcher retry after a lost acknowledgement.
 	Duplicates int64
+	// Unrouted counts events no consumer of the topology selects, handled
+	// by the topology's Unrouted policy (each also logged as
+	// transport.UnroutedLogMessage).
+	Unrouted int64
 }
 
 // Stats returns the publisher's counts since it was created.
 func (p *Publisher) Stats() PublishStats {
-	return PublishStats{Stored: p.s.stored.Load(), Duplicates: p.s.duplicates.Load()}
+	return PublishStats{Stored: p.s.stored.Load(), Duplicates: p.s.duplicates.Load(), Unrouted: p.s.unrouted.Load()}
 }
 
 type streamCheck struct {

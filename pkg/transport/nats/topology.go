@@ -138,9 +138,30 @@ type Topology struct {
 	DeadLetterMaxAge transport.Duration `json:"dead_letter_max_age,omitempty"`
 	// Consumers each get a durable pull consumer on the stream.
 	Consumers []Consumer `json:"consumers"`
+	// Unrouted is what happens to an event no consumer's filters select.
+	// Default: delivered and reported (transport.UnroutedDeliver).
+	Unrouted Unrouted `json:"unrouted,omitzero"`
 
 	subject template
 	headers map[string]template
+	// eventFilters are the consumers' filters under the prefix, split into
+	// tokens once (the publisher checks every unrouted candidate).
+	eventFilters [][]string
+}
+
+// Unrouted is the topology's policy for events that no consumer's filters
+// select, including an event whose subject no stream captures (see
+// transport.UnroutedDeliver and transport.UnroutedAlternate).
+type Unrouted struct {
+	// Policy is "deliver" (default: the event is published as usual, and
+	// if the stream does not capture its subject it still counts as
+	// delivered; reported either way) or "alternate" (it is published to
+	// "<subject>.<event subject after the prefix>" instead, which the
+	// dead-letter stream keeps for DeadLetterMaxAge).
+	Policy string `json:"policy,omitempty"`
+	// Subject is the alternate policy's subject prefix. Default
+	// "<subject_prefix>_unrouted".
+	Subject string `json:"subject,omitempty"`
 }
 
 // Consumer is one subscriber: a durable pull consumer with explicit
@@ -194,8 +215,45 @@ func (t *Topology) StreamSubjects() []string {
 	return []string{t.SubjectPrefix + ".>", t.replayPrefix() + ".>"}
 }
 
-// DeadLetterSubjects are the dead-letter stream's subjects.
-func (t *Topology) DeadLetterSubjects() []string { return []string{t.dlqPrefix() + ".>"} }
+// DeadLetterSubjects are the dead-letter stream's subjects (and the
+// alternate unrouted policy's).
+func (t *Topology) DeadLetterSubjects() []string {
+	if t.Unrouted.Policy == transport.UnroutedAlternate {
+		return []string{t.dlqPrefix() + ".>", t.Unrouted.Subject + ".>"}
+	}
+	return []string{t.dlqPrefix() + ".>"}
+}
+
+// UnroutedSubject is where the alternate policy publishes m: the unrouted
+// subject prefix and m's subject after the events prefix.
+func (t *Topology) UnroutedSubject(m *outbox.Message) string {
+	return t.Unrouted.Subject + "." + t.subject.render(m, SanitizeToken)
+}
+
+// selectedByAny reports whether some consumer's filters select subject.
+func (t *Topology) selectedByAny(subject string) bool {
+	toks := strings.Split(subject, ".")
+	for _, f := range t.eventFilters {
+		if tokensMatch(f, toks) {
+			return true
+		}
+	}
+	return false
+}
+
+func tokensMatch(p, s []string) bool {
+	for i, tok := range p {
+		switch {
+		case tok == ">":
+			return len(s) > i
+		case i >= len(s):
+			return false
+		case tok != "*" && tok != s[i]:
+			return false
+		}
+	}
+	return len(p) == len(s)
+}
 
 func (t *Topology) replayPrefix() string { return t.SubjectPrefix + "_replay" }
 func (t *Topology) dlqPrefix() string    { return t.SubjectPrefix + "_dlq" }
@@ -238,18 +296,7 @@ func (t *Topology) EventSubject(m *outbox.Message) string {
 
 // SubjectMatches is NATS subject matching of pattern against a literal subject.
 func SubjectMatches(pattern, subject string) bool {
-	p, s := strings.Split(pattern, "."), strings.Split(subject, ".")
-	for i, tok := range p {
-		switch {
-		case tok == ">":
-			return len(s) > i
-		case i >= len(s):
-			return false
-		case tok != "*" && tok != s[i]:
-			return false
-		}
-	}
-	return len(p) == len(s)
+	return tokensMatch(strings.Split(pattern, "."), strings.Split(subject, "."))
 }
 
 func (t *Topology) setDefaults() {
@@ -279,6 +326,12 @@ func (t *Topology) setDefaults() {
 	defd(&t.DeadLetterMaxAge, topology.DLQRetention)
 	if t.DeadLetterStream == "" && t.Stream != "" {
 		t.DeadLetterStream = t.Stream + "_DLQ"
+	}
+	if t.Unrouted.Policy == "" {
+		t.Unrouted.Policy = transport.UnroutedDeliver
+	}
+	if t.Unrouted.Policy == transport.UnroutedAlternate && t.Unrouted.Subject == "" && t.SubjectPrefix != "" {
+		t.Unrouted.Subject = t.SubjectPrefix + "_unrouted"
 	}
 	for i := range t.Consumers {
 		c := &t.Consumers[i]
@@ -368,6 +421,22 @@ func (t *Topology) Prepare() error {
 	if len(t.Consumers) == 0 {
 		add("consumers: at least one consumer is required")
 	}
+	if err := transport.CheckUnroutedPolicy(t.Unrouted.Policy); err != nil {
+		add("%v", err)
+	}
+	if u := t.Unrouted.Subject; t.Unrouted.Policy == transport.UnroutedAlternate {
+		probe := u + ".x"
+		taken := false
+		for _, p := range append(t.StreamSubjects(), t.dlqPrefix()+".>") {
+			taken = taken || SubjectMatches(p, probe)
+		}
+		if !prefixRE.MatchString(u) || len(u) > 100 || taken {
+			add("unrouted.subject %q: must be dot-separated tokens outside the events, replay and dead-letter subjects", u)
+		}
+	} else if u != "" {
+		add("unrouted.subject %q: only with policy %s", u, transport.UnroutedAlternate)
+	}
+	t.eventFilters = nil
 	names := map[string]bool{}
 	for i, c := range t.Consumers {
 		p := fmt.Sprintf("consumers[%d]", i)
@@ -385,6 +454,7 @@ func (t *Topology) Prepare() error {
 			if !validPattern(f) {
 				add("%s.filters[%d] %q: not a subject pattern (tokens, '*' for one, '>' last for the rest)", p, j, f)
 			}
+			t.eventFilters = append(t.eventFilters, strings.Split(t.SubjectPrefix+"."+f, "."))
 		}
 		if err := c.Retry.Validate(); err != nil {
 			add("%s.retry: %v", p, err)

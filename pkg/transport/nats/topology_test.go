@@ -224,7 +224,4 @@ func TestConfigFromEnv(t *testing.T) {
 			}
 		})
 	}
-	if !strings.Contains(redactURL("nats://u:pw@h:4222"), "xxxxx") || strings.Contains(redactURL("nats://u:pw@h:4222"), "pw") {
-		t.Error("password not redacted")
-	}
 }

@@ -15,7 +15,7 @@ import (
 type Transport struct {
 	cfg  Config
 	pub  *Publisher
-	prov *Provisioner
+	prov transport.Provisioner
 	ops  *Operations
 }
 
@@ -31,7 +31,7 @@ func New(cfg Config) (*Transport, error) {
 	if t.pub, err = NewPublisher(cfg); err != nil {
 		return nil, err
 	}
-	if t.prov, err = NewProvisioner(cfg); err != nil {
+	if t.prov, err = newProvisioner(cfg); err != nil {
 		return nil, err
 	}
 	if t.ops, err = NewOperations(cfg); err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/topology"
 	"github.com/fifobox/fifobox/pkg/transport"
+	"github.com/fifobox/fifobox/pkg/wire"
 )
 
 // The variables transport.Open reads for SNS/SQS.
@@ -49,8 +50,12 @@ var localEnv = envspec.Set{
 	{Name: "AWS_ENDPOINT_URL", Doc: "the emulator, LocalStack or Floci (localstack/env.sh sets it)"},
 }
 
+// OpenEnv is every variable transport.Open reads for SNS/SQS: Env and the
+// wire profile's (FIFOBOX_PROFILE).
+var OpenEnv = envspec.Join(Env, wire.Env)
+
 func init() {
-	transport.Register(transport.SNS, transport.Opener{Env: Env, Open: open})
+	transport.Register(transport.SNS, transport.Opener{Env: OpenEnv, Open: open})
 }
 
 // Local runs (make local) provision short visibility timeouts and retry
@@ -117,6 +122,10 @@ type Config struct {
 	// LogAggregateIDs adds aggregate ids to consumers' log lines
 	// (FIFOBOX_LOG_AGGREGATE_IDS).
 	LogAggregateIDs bool
+	// Wire, if set, publishes every event as this wire profile renders it
+	// (FIFOBOX_PROFILE, pkg/wire), and the profile's sns section is the
+	// topology (its topic and subscriptions, raw or SNS-envelope delivery).
+	Wire *wire.Mapper
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 }
@@ -146,6 +155,9 @@ func ConfigFromEnv() (Config, error) {
 		}
 		c.LogAggregateIDs = b
 	}
+	if c.Wire, err = wire.MapperFromEnv(wire.TransportSNS); err != nil {
+		return c, err
+	}
 	return c, nil
 }
 
@@ -173,6 +185,10 @@ func New(cfg Config) (*Transport, error) {
 		return nil, errors.New("new sns transport: SNS and SQS clients are required")
 	case cfg.VisibilityTimeoutSeconds < 0 || cfg.RetryDelay < 0:
 		return nil, errors.New("new sns transport: VisibilityTimeoutSeconds and RetryDelay must not be negative")
+	}
+	if cfg.Topology == nil && cfg.Wire != nil {
+		t := cfg.Wire.Profile().SNS.Topology()
+		cfg.Topology = &t
 	}
 	if cfg.Topology == nil {
 		t := topology.Default()
@@ -213,7 +229,7 @@ func (t *Transport) Publisher() (transport.Publisher, error) {
 	if t.topicARN == "" {
 		return nil, fmt.Errorf("%s is required with %s=sns (the default): the SNS FIFO topic's ARN", EnvTopicARN, transport.EnvTransport)
 	}
-	p, err := NewPublisher(t.cfg.SNS, PublisherConfig{TopicARN: t.topicARN})
+	p, err := NewPublisher(t.cfg.SNS, PublisherConfig{TopicARN: t.topicARN, Wire: t.cfg.Wire, Topology: t.cfg.Topology, Logger: t.cfg.Logger})
 	if err != nil {
 		return nil, err
 	}

@@ -18,6 +18,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fifobox/fifobox/pkg/redact"
 )
 
 // DefaultURL is the broker tests use when FIFOBOX_TEST_AMQP_URL is unset;
@@ -42,7 +44,7 @@ func New(tb testing.TB) *Vhost {
 	}
 	u, err := url.Parse(base)
 	if err != nil {
-		tb.Fatalf("amqptest: FIFOBOX_TEST_AMQP_URL: %v", err)
+		tb.Fatalf("amqptest: FIFOBOX_TEST_AMQP_URL: %v", redact.Error(err, base))
 	}
 	if c, err := net.DialTimeout("tcp", u.Host, 3*time.Second); err != nil {
 		tb.Fatalf("amqptest: RabbitMQ does not answer on %s: %v (run scripts/ensure-rabbitmq.sh)", u.Host, err)
