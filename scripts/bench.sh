@@ -63,8 +63,8 @@ echo "==> enqueue: SQL function fifobox_enqueue vs Go's Enqueue (4 producers; on
 go test -count=1 -run '^$' -bench 'BenchmarkEnqueueSQL' -benchtime 20000x -timeout 30m ./pkg/outbox/ | quiet
 
 settle
-echo "==> consumer: messages/s through the handler with the inbox vs the same side effect without"
-go test -run '^$' -bench 'BenchmarkConsumer' -benchtime 20000x -timeout 30m ./pkg/transport/sns/ | quiet
+echo "==> consumer: messages/s through the consumer engine with the inbox vs the same side effect without (and CPU per event)"
+go test -run '^$' -bench 'BenchmarkConsumer' -benchtime 20000x -timeout 30m ./pkg/inbox/ | quiet
 
 # --- RabbitMQ transport (pkg/transport/amqp; needs the RabbitMQ of make test) ---
 ./scripts/ensure-rabbitmq.sh >/dev/null
@@ -86,3 +86,7 @@ go test -count=1 -run '^$' -bench 'BenchmarkLatency' -benchtime 1x -timeout 30m 
 settle
 echo "==> NATS: dispatcher through JetStream (holdco) vs raw JetStream publish (same client, messages, concurrency)"
 go test -count=1 -run '^$' -bench 'BenchmarkThroughNATS' -benchtime 20000x -timeout 30m ./pkg/transport/nats/ | quiet
+
+settle
+echo "==> NATS: commit-to-consume latency at 100 and 1,000 events/s offered (whole pipeline, inbox included; beside RabbitMQ's above)"
+go test -count=1 -run '^$' -bench 'BenchmarkLatency' -benchtime 1x -timeout 30m ./pkg/transport/nats/ | quiet

@@ -191,7 +191,7 @@ func (o *Operations) redrive(ctx context.Context, consumer string, max int, prog
 			}
 			h[o.cfg.Topology.AttemptsHeader] = int32(0)
 			h[HeaderRedriven] = int32(headerInt(d.headers[HeaderRedriven]) + 1)
-			out[i] = outgoing{exchange: "", key: c.QueueName(), msg: republish(d, h)}
+			out[i] = outgoing{exchange: "", key: c.QueueName(), msg: republish(d, m.Body, h)}
 		}
 		last := batch[len(batch)-1].DeliveryTag
 		if err := firstError(o.out.send(ctx, out)); err != nil {

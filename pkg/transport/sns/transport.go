@@ -116,6 +116,9 @@ type Config struct {
 	// empty or 0: the topology's value for the consumer.
 	Order           string
 	MaxReceiveCount int
+	// MaxRetries is the consumer's retry budget: its failures, counted per
+	// event (HandlerConfig.MaxRetries). 0: MaxReceiveCount-1.
+	MaxRetries int
 	// LogAggregateIDs adds aggregate ids to consumers' log lines
 	// (FIFOBOX_LOG_AGGREGATE_IDS).
 	LogAggregateIDs bool
@@ -270,6 +273,16 @@ func (t *Transport) Operations() (transport.Operations, error) { return &Operati
 // function's handler fed by a local stand-in for Lambda's event source,
 // with the topology's order and maxReceiveCount for the consumer.
 func (t *Transport) Consumer(name string, db inbox.DB, apply inbox.Apply) (transport.Runner, error) {
+	r, err := t.ConsumerWith(name, db, apply, inbox.ConsumerConfig{})
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// ConsumerWith is Consumer with the caller's OnSettle, DeadlineMargin,
+// LogAggregateIDs and Logger (cc's other fields come from the topology).
+func (t *Transport) ConsumerWith(name string, db inbox.DB, apply inbox.Apply, cc inbox.ConsumerConfig) (*Runner, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	q, err := t.queues(ctx, name)
@@ -280,7 +293,12 @@ func (t *Transport) Consumer(name string, db inbox.DB, apply inbox.Apply) (trans
 	if err != nil {
 		return nil, fmt.Errorf("consumer %s: %w", name, err)
 	}
-	h, err := t.handler(name, q.DLQURL, db, apply, transport.LambdaConfig{LogAggregateIDs: t.cfg.LogAggregateIDs, Logger: t.cfg.Logger})
+	log := cc.Logger
+	if log == nil {
+		log = t.cfg.Logger
+	}
+	h, err := t.handler(name, q.DLQURL, db, apply, transport.LambdaConfig{LogAggregateIDs: t.cfg.LogAggregateIDs || cc.LogAggregateIDs,
+		Logger: log, DeadlineMargin: cc.DeadlineMargin}, cc.OnSettle)
 	if err != nil {
 		return nil, err
 	}
@@ -294,7 +312,7 @@ func (t *Transport) LambdaHandler(lc transport.LambdaConfig) (any, error) {
 	if t.cfg.DLQURL == "" {
 		return nil, fmt.Errorf("%s is required with %s=sns (the default)", EnvDLQURL, transport.EnvTransport)
 	}
-	h, err := t.handler(lc.Consumer, t.cfg.DLQURL, lc.DB, lc.Apply, lc)
+	h, err := t.handler(lc.Consumer, t.cfg.DLQURL, lc.DB, lc.Apply, lc, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -303,7 +321,7 @@ func (t *Transport) LambdaHandler(lc transport.LambdaConfig) (any, error) {
 
 // handler builds the SQS batch handler for consumer: order and
 // maxReceiveCount from the configuration, else the topology's.
-func (t *Transport) handler(consumer, dlqURL string, db inbox.DB, apply inbox.Apply, lc transport.LambdaConfig) (*Handler, error) {
+func (t *Transport) handler(consumer, dlqURL string, db inbox.DB, apply inbox.Apply, lc transport.LambdaConfig, onSettle func(inbox.Settlement)) (*Handler, error) {
 	order, maxReceive := t.cfg.Order, t.cfg.MaxReceiveCount
 	if tc, ok := t.cfg.Topology.Consumer(consumer); ok {
 		if order == "" {
@@ -321,8 +339,8 @@ func (t *Transport) handler(consumer, dlqURL string, db inbox.DB, apply inbox.Ap
 	if log == nil {
 		log = t.cfg.Logger
 	}
-	hc := HandlerConfig{Consumer: consumer, DLQURL: dlqURL, Order: o, MaxReceiveCount: maxReceive,
-		DeadlineMargin: lc.DeadlineMargin, LogAggregateIDs: lc.LogAggregateIDs || t.cfg.LogAggregateIDs, Logger: log}
+	hc := HandlerConfig{Consumer: consumer, DLQURL: dlqURL, Order: o, MaxReceiveCount: maxReceive, MaxRetries: t.cfg.MaxRetries,
+		DeadlineMargin: lc.DeadlineMargin, LogAggregateIDs: lc.LogAggregateIDs || t.cfg.LogAggregateIDs, Logger: log, OnSettle: onSettle}
 	if em := lc.Metrics; em != nil {
 		hc.OnBatch = func(m inbox.BatchMetrics) {
 			if err := em.InboxBatch(m); err != nil {
