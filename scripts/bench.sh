@@ -63,14 +63,19 @@ echo "==> enqueue: SQL function fifobox_enqueue vs Go's Enqueue (4 producers; on
 go test -count=1 -run '^$' -bench 'BenchmarkEnqueueSQL' -benchtime 20000x -timeout 30m ./pkg/outbox/ | quiet
 
 settle
-echo "==> consumer: messages/s through the handler with the inbox vs the same side effect without"
-go test -run '^$' -bench 'BenchmarkConsumer' -benchtime 20000x -timeout 30m ./pkg/transport/sns/ | quiet
+echo "==> consumer: messages/s through the consumer engine with the inbox vs the same side effect without (and CPU per event)"
+go test -run '^$' -bench 'BenchmarkConsumer' -benchtime 20000x -timeout 30m ./pkg/inbox/ | quiet
 
 # --- RabbitMQ transport (pkg/transport/amqp; needs the RabbitMQ of make test) ---
 ./scripts/ensure-rabbitmq.sh >/dev/null
 settle
 echo "==> RabbitMQ: dispatcher through the holdco topology vs raw publish-with-confirms (same client, messages, concurrency)"
 go test -count=1 -run '^$' -bench 'BenchmarkThroughRabbitMQ' -benchtime 20000x -timeout 30m ./pkg/transport/amqp/ | quiet
+
+settle
+echo "==> wire profiles: dispatch through the holdco profile and a template profile vs fifobox's envelope (same events, exchange and queues)"
+go test -count=1 -run '^$' -bench 'BenchmarkProfileDispatch' -benchtime 20000x -timeout 30m ./pkg/transport/amqp/ | quiet
+go test -count=1 -run '^$' -bench 'BenchmarkRender' -benchtime 200000x ./pkg/wire/ | quiet
 
 settle
 echo "==> RabbitMQ: commit-to-consume latency at 100 and 1,000 events/s offered (whole pipeline, inbox included)"
@@ -81,3 +86,7 @@ go test -count=1 -run '^$' -bench 'BenchmarkLatency' -benchtime 1x -timeout 30m 
 settle
 echo "==> NATS: dispatcher through JetStream (holdco) vs raw JetStream publish (same client, messages, concurrency)"
 go test -count=1 -run '^$' -bench 'BenchmarkThroughNATS' -benchtime 20000x -timeout 30m ./pkg/transport/nats/ | quiet
+
+settle
+echo "==> NATS: commit-to-consume latency at 100 and 1,000 events/s offered (whole pipeline, inbox included; beside RabbitMQ's above)"
+go test -count=1 -run '^$' -bench 'BenchmarkLatency' -benchtime 1x -timeout 30m ./pkg/transport/nats/ | quiet

@@ -3,7 +3,8 @@
 # installs and starts what the tests need: PostgreSQL, RabbitMQ and NATS
 # (Debian packages), Node 22 and the fauxqs SNS/SQS emulator (npm), pgbouncer (Debian
 # package), the pinned CDK CLI and cfn-guard (npm), node-postgres (npm) and
-# psycopg (Debian) for the producers-in-other-languages test. It synthesises the CDK
+# psycopg (Debian) for the producers-in-other-languages test, and the seed
+# systems' clients (amqplib from npm; pika and boto3 from Debian). It synthesises the CDK
 # templates (the runtime contract tests check each function's environment
 # against them), then runs every Go test of both modules. An emulator that
 # was already running is used and left running; one this script starts, it stops.
@@ -28,11 +29,14 @@ if ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
   DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq pgbouncer >/dev/null || echo "pgbouncer install failed; its test will skip" >&2
 fi
 
-step "Producer clients for the SQL enqueue test (npm's pg, Debian's python3-psycopg)"
+step "Clients of other languages: producers for the SQL enqueue test, the seed systems' consumers (internal/seeds)"
 (cd examples/producers && npm ci --no-audit --no-fund --silent)
-if ! python3 -c 'import psycopg' 2>/dev/null && ! /usr/bin/python3 -c 'import psycopg' 2>/dev/null; then
-  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq python3-psycopg >/dev/null 2>&1 ||
-    { as_root apt-get update -qq && DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq python3-psycopg >/dev/null; }
+(cd examples/seeds && npm ci --no-audit --no-fund --silent)   # amqplib, pg
+# Debian's python3-psycopg (producers, ticketing), python3-pika (ticketing),
+# python3-boto3 (transfers); /usr/bin/python3 is the interpreter they install into.
+if ! /usr/bin/python3 -c 'import psycopg, pika, boto3' 2>/dev/null; then
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq python3-psycopg python3-pika python3-boto3 >/dev/null 2>&1 ||
+    { as_root apt-get update -qq && DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq python3-psycopg python3-pika python3-boto3 >/dev/null; }
 fi
 export FIFOBOX_REQUIRE_CLIENTS=1
 

@@ -100,10 +100,10 @@ func printStatus(w io.Writer, s *redrive.Status) {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "  CONSUMER\tSTATE\tVISIBLE\tIN FLIGHT\tRETRYING\tDLQ\tDLQ IN FLIGHT\tSUB DLQ\tHELD GROUPS\tHELD MSGS")
+	fmt.Fprintln(tw, "  CONSUMER\tSTATE\tVISIBLE\tIN FLIGHT\tRETRYING\tDLQ\tDLQ IN FLIGHT\tSUB DLQ\tHELD GROUPS\tHELD MSGS\tPARKED")
 	for _, d := range q.Consumers {
-		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Consumer, d.State, fig(d.Visible), fig(d.InFlight), fig(d.Retrying),
-			fig(d.DLQ), fig(d.DLQInFlight), subFig(d), fig(d.HeldGroups), fig(d.HeldMessages))
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Consumer, d.State, fig(d.Visible), fig(d.InFlight), fig(d.Retrying),
+			fig(d.DLQ), fig(d.DLQInFlight), subFig(d), fig(d.HeldGroups), fig(d.HeldMessages), fig(d.ParkedGroups))
 	}
 	_ = tw.Flush()
 	for _, ce := range consumerErrors(q.Consumers) {

@@ -69,6 +69,53 @@ func Self() time.Duration {
 	return time.Duration(ticks) * clockTick
 }
 
+// Family returns the CPU time used so far by process pid and its live
+// children: a PostgreSQL postmaster and its backends (a private cluster's,
+// so that other work on the machine is not counted). Children that have
+// exited are not counted; a pool's backends live as long as the pool.
+func Family(pid int) time.Duration {
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	var total time.Duration
+	for _, p := range stats {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		self, parent, ticks, ok := parseIDs(b)
+		if ok && (self == pid || parent == pid) {
+			total += time.Duration(ticks) * clockTick
+		}
+	}
+	return total
+}
+
+// Parent returns pid's parent process id (0 if unknown).
+func Parent(pid int) int {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	_, parent, _, _ := parseIDs(b)
+	return parent
+}
+
+// parseIDs reads pid, ppid and utime+stime from a /proc/<pid>/stat line.
+func parseIDs(b []byte) (pid, ppid int, ticks int64, ok bool) {
+	hi := bytes.LastIndexByte(b, ')')
+	sp := bytes.IndexByte(b, ' ')
+	if hi < 0 || sp < 0 || sp > hi {
+		return 0, 0, 0, false
+	}
+	_, ticks, ok = parse(b)
+	f := bytes.Fields(b[hi+1:])
+	if !ok || len(f) < 2 {
+		return 0, 0, 0, false
+	}
+	pid, err1 := strconv.Atoi(string(b[:sp]))
+	ppid, err2 := strconv.Atoi(string(f[1]))
+	return pid, ppid, ticks, err1 == nil && err2 == nil
+}
+
 // parse reads the command name and utime+stime from a /proc/<pid>/stat
 // line. The name is in parentheses and may itself hold spaces or
 // parentheses, so fields are counted from the last ')'.

@@ -5,8 +5,19 @@
 // effect in the same transaction: a duplicate delivery (redelivery, redrive,
 // replay) finds the claim and commits nothing; a failure rolls back both.
 // Batch applies several events in one transaction, a savepoint each.
-// BatchHandler applies a delivered batch of a FIFO queue's records in
-// order, with FIFO-correct partial failures and, in strict order, the
-// durable holds of table inbox_held; pkg/transport/sns is it over SQS
-// records (the consumer Lambda's handler and its local runner).
+//
+// Engine is the consumer engine every transport feeds (SNS/SQS, RabbitMQ /
+// Amazon MQ, NATS JetStream): the transport submits transport-neutral
+// Records to a Session (a runner's connection, or Handle for one Lambda
+// invocation) and implements Broker (acknowledge, retry later, dead-letter)
+// and, where its broker redelivers unacknowledged work, Keeper. The engine
+// applies each group's records in order on per-group lanes, a lane's
+// waiting records in one transaction with a savepoint each (engine.go,
+// run.go), decides each settlement once and carries it out after the
+// commit; it parks a group behind a retrying event (inbox_parked: the
+// head and its failure count, surviving restarts), in strict order holds a
+// group behind a dead-lettered event (inbox_held) until redrive or
+// release, waits out database failures in place without spending any
+// retry budget, and stops starting records DeadlineMargin before a Lambda
+// deadline, handing back only what it did not finish.
 package inbox

@@ -1,7 +1,6 @@
 package inbox
 
 import (
-	"context"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -51,65 +50,6 @@ type holdSet struct {
 
 func newHoldSet() *holdSet {
 	return &holdSet{rows: map[string][]heldRow{}, more: map[string]bool{}}
-}
-
-// holdPlan is what a strict-order batch needs to know its holds: its groups
-// in order, how many held rows per group to read, and the pre-holds to write
-// for records on their last receive.
-type holdPlan struct {
-	groups     []string
-	limit      int
-	pg, pk, pe []string
-	ps         []int64
-}
-
-func (h *BatchHandler) planHolds(recs []msg) holdPlan {
-	var p holdPlan
-	seen := map[string]bool{}
-	notLast := map[string]bool{} // a group's record that is not on its last receive
-	for _, r := range recs {
-		if !seen[r.group] {
-			seen[r.group] = true
-			p.groups = append(p.groups, r.group)
-		}
-		// In a FIFO group an earlier record was received at least as often
-		// as a later one; pre-hold only while that holds, so a pre-hold can
-		// never put a later record ahead of an earlier one.
-		if !h.lastReceive(r) || r.badErr != nil {
-			notLast[r.group] = true
-			continue
-		}
-		if !notLast[r.group] {
-			p.pg, p.pk, p.pe, p.ps = append(p.pg, r.group), append(p.pk, r.key), append(p.pe, r.e.ID), append(p.ps, r.e.Sequence)
-		}
-	}
-	// The first rows of each group: a batch of n records can release at
-	// most n rows, so n+1 rows tell whether a group stays held.
-	p.limit = len(recs) + 1
-	return p
-}
-
-// loadHolds writes the pre-holds of records on their last receive
-// (committed at once) and reads the holds of the batch's groups, in one
-// round trip before the batch transaction.
-func (h *BatchHandler) loadHolds(ctx context.Context, p holdPlan) (*holdSet, error) {
-	batch := &pgx.Batch{}
-	if len(p.pg) > 0 {
-		batch.Queue(sqlPreHold, h.cfg.Consumer, p.pg, p.pk, p.pe, p.ps)
-	}
-	batch.Queue(sqlLoadHolds, h.cfg.Consumer, p.groups, p.limit)
-	br := h.db.SendBatch(ctx, batch)
-	defer br.Close()
-	if len(p.pg) > 0 {
-		if _, err := br.Exec(); err != nil {
-			return nil, fmt.Errorf("hold groups before their last receive: %w", err)
-		}
-	}
-	s, err := scanHolds(br, p.limit)
-	if err != nil {
-		return nil, err
-	}
-	return s, br.Close()
 }
 
 // scanHolds reads the result of sqlLoadHolds, the next in br.
@@ -178,18 +118,4 @@ func (s *holdSet) add(group string, r heldRow) {
 		}
 	}
 	s.rows[group] = append(s.rows[group], r)
-}
-
-func nullUUID(r msg) any {
-	if r.badErr != nil {
-		return nil
-	}
-	return r.e.ID
-}
-
-func nullSeq(r msg) any {
-	if r.badErr != nil || r.e.Sequence == 0 {
-		return nil
-	}
-	return r.e.Sequence
 }

@@ -125,8 +125,7 @@ func (e *Emitter) Consumer(b ConsumerBatch) error {
 	)
 }
 
-// InboxBatch emits an inbox.BatchHandler batch's metrics (the SQS
-// consumer's); use it as
+// InboxBatch emits an SQS consumer batch's metrics; use it as
 // sns.HandlerConfig{OnBatch: func(m inbox.BatchMetrics) { _ = em.InboxBatch(m) }}.
 func (e *Emitter) InboxBatch(m inbox.BatchMetrics) error {
 	failures := 0

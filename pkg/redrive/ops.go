@@ -109,8 +109,11 @@ type QueueDepth struct {
 	// HeldGroups and HeldMessages count the consumer's groups held in
 	// strict order and the messages listed behind their dead ones (-1 when
 	// the database could not be read).
-	HeldGroups   int64  `json:"held_groups"`
-	HeldMessages int64  `json:"held_messages"`
+	HeldGroups   int64 `json:"held_groups"`
+	HeldMessages int64 `json:"held_messages"`
+	// ParkedGroups counts groups waiting behind an event the consumer
+	// retries after a delay (inbox_parked; -1 when unknown).
+	ParkedGroups int64  `json:"parked_groups"`
 	Error        string `json:"error,omitempty"`
 }
 
@@ -264,7 +267,7 @@ func (s *Service) queueStatus(ctx context.Context, consumer string, q *QueuesSta
 func (s *Service) held(ctx context.Context, consumer string, q *QueuesStatus) {
 	unknown := func(err error) {
 		for i := range q.Consumers {
-			q.Consumers[i].HeldGroups, q.Consumers[i].HeldMessages = -1, -1
+			q.Consumers[i].HeldGroups, q.Consumers[i].HeldMessages, q.Consumers[i].ParkedGroups = -1, -1, -1
 		}
 		if q.State == StateOK || q.State == StateNone {
 			q.Section = Section{State: dbState(err), Error: "held groups: " + err.Error()}
@@ -274,19 +277,23 @@ func (s *Service) held(ctx context.Context, consumer string, q *QueuesStatus) {
 		unknown(s.cfg.DBError)
 		return
 	}
-	rows, err := s.db.Query(ctx, `SELECT consumer, count(DISTINCT group_id), count(*) FROM inbox_held
-WHERE $1 = '' OR consumer = $1 GROUP BY consumer ORDER BY consumer`, consumer)
+	rows, err := s.db.Query(ctx, `SELECT consumer, sum(groups)::bigint, sum(msgs)::bigint, sum(parked)::bigint FROM (
+    SELECT consumer, count(DISTINCT group_id) AS groups, count(*) AS msgs, 0 AS parked FROM inbox_held
+    WHERE $1 = '' OR consumer = $1 GROUP BY consumer
+    UNION ALL
+    SELECT consumer, 0, 0, count(*) FROM inbox_parked WHERE $1 = '' OR consumer = $1 GROUP BY consumer) c
+GROUP BY consumer ORDER BY consumer`, consumer)
 	if err != nil {
 		unknown(err)
 		return
 	}
-	type counts struct{ groups, msgs int64 }
+	type counts struct{ groups, msgs, parked int64 }
 	held := map[string]counts{}
 	var order []string
 	for rows.Next() {
 		var name string
 		var c counts
-		if err := rows.Scan(&name, &c.groups, &c.msgs); err != nil {
+		if err := rows.Scan(&name, &c.groups, &c.msgs, &c.parked); err != nil {
 			rows.Close()
 			unknown(err)
 			return
@@ -301,14 +308,14 @@ WHERE $1 = '' OR consumer = $1 GROUP BY consumer ORDER BY consumer`, consumer)
 	}
 	for i := range q.Consumers {
 		c := held[q.Consumers[i].Consumer]
-		q.Consumers[i].HeldGroups, q.Consumers[i].HeldMessages = c.groups, c.msgs
+		q.Consumers[i].HeldGroups, q.Consumers[i].HeldMessages, q.Consumers[i].ParkedGroups = c.groups, c.msgs, c.parked
 		delete(held, q.Consumers[i].Consumer)
 	}
 	for _, name := range order {
 		if c, ok := held[name]; ok {
 			q.Consumers = append(q.Consumers, QueueDepth{Consumer: name, State: StateNone, QueueState: StateNone, DLQState: StateNone,
 				SubscriptionDLQState: StateNone, Visible: -1, InFlight: -1, DLQ: -1, DLQInFlight: -1, SubscriptionDLQ: -1,
-				HeldGroups: c.groups, HeldMessages: c.msgs, Error: "holds groups, but the transport reports no queue for this consumer"})
+				HeldGroups: c.groups, HeldMessages: c.msgs, ParkedGroups: c.parked, Error: "holds groups, but the transport reports no queue for this consumer"})
 		}
 	}
 }
@@ -501,7 +508,7 @@ func (s *Service) changeDead(ctx context.Context, cmd Command, verb, done string
 		return res, fmt.Errorf("%s: count: %w", cmd.Operation, err)
 	}
 	res.Affected, res.Aggregates = n, aggs
-	if n > int64(cmd.Max) {
+	if cmd.Max > 0 && n > int64(cmd.Max) {
 		return res, fmt.Errorf("%s: %w", cmd.Operation, fieldErr("max", "%d dead events selected, more than %d: narrow the selection or raise it", n, cmd.Max))
 	}
 	if cmd.DryRun {

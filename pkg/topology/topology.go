@@ -54,7 +54,21 @@ type Consumer struct {
 	// effects that do not depend on order). The consumer function gets it
 	// as FIFOBOX_CONSUMER_ORDER (OrderName).
 	RelaxedOrder bool
+	// Delivery is how SNS hands a message to the queue: "" or DeliveryRaw
+	// (the body is the message, what fifobox's consumers read) or
+	// DeliverySNS (SNS's JSON notification, the message in its "Message"
+	// member, for consumers written that way; a wire profile chooses it).
+	Delivery string `json:",omitempty"`
 }
+
+// Delivery styles of a subscription.
+const (
+	DeliveryRaw = "raw"
+	DeliverySNS = "sns"
+)
+
+// RawDelivery reports whether the subscription delivers raw messages.
+func (c Consumer) RawDelivery() bool { return c.Delivery != DeliverySNS }
 
 // OrderName is the consumer's order setting as FIFOBOX_CONSUMER_ORDER
 // spells it: "strict" or "relaxed".
@@ -160,6 +174,9 @@ func (t Topology) Validate() error {
 		}
 		if c.MaxConcurrency < 2 || c.MaxConcurrency > 1000 {
 			errs = append(errs, fmt.Errorf("%s.max_concurrency %d: must be 2-1000", p, c.MaxConcurrency))
+		}
+		if c.Delivery != "" && c.Delivery != DeliveryRaw && c.Delivery != DeliverySNS {
+			errs = append(errs, fmt.Errorf("%s.delivery %q: must be raw or sns", p, c.Delivery))
 		}
 		keys := make([]string, 0, len(c.Filter))
 		for k := range c.Filter {

@@ -8,17 +8,17 @@
 //	pkg/envelope    the event shape every part shares (no I/O)
 //	pkg/outbox      Enqueue in the caller's transaction, the claim, the
 //	                Dispatcher and the Publisher interface; no broker imports
-//	pkg/inbox       Process: a side effect applied once per (consumer,
-//	                event id), in the same transaction as the inbox claim;
-//	                Batch and BatchHandler over transport-neutral records;
-//	                no broker imports
+//	pkg/inbox       the consumer engine every transport feeds (Engine): a
+//	                side effect applied once per (consumer, event id) in the
+//	                transaction of the inbox claim, per-aggregate lanes,
+//	                durable holds and retry parks, over transport-neutral
+//	                records; no broker imports
 //	pkg/redrive     the operator's actions: database work, and the broker's
 //	                part through Operations; no broker imports
 //	pkg/transport   this package: the small interfaces a transport
 //	                implements, Open (the one constructor, from
-//	                FIFOBOX_TRANSPORT) and the broker-neutral parts of
-//	                consuming (Process, Lanes, RetryPolicy); no broker
-//	                imports either
+//	                FIFOBOX_TRANSPORT) and RetryPolicy; no broker imports
+//	                either
 //	pkg/transport/* one package per transport, each implementing the same
 //	                four parts: a Publisher (outbox.Publisher), a
 //	                Provisioner (topology as data, set up idempotently), a
@@ -42,11 +42,19 @@
 //     otherwise. The dispatcher publishes an aggregate's event N+1 only after
 //     N's Publish returned nil, so a transport keeps per-aggregate order at
 //     the broker by acknowledging honestly; it never reorders on its own.
-//   - A consumer acknowledges a message only after its inbox transaction
-//     committed, retries transient failures with backoff without letting a
-//     later event of the same aggregate overtake, and sends invalid or
-//     permanently failing messages to its dead-letter queue at once with the
-//     reason.
+//   - A consumer is inbox.Engine fed by the transport: the transport
+//     supplies receive (Session.Submit), acknowledge, retry-later and
+//     dead-letter (inbox.Broker), and keeps alive what the engine holds
+//     where its broker would redeliver it (inbox.Keeper); the engine decides
+//     every settlement once, after the inbox transaction committed. So every
+//     transport acknowledges only applied events, retries transient failures
+//     with backoff without letting a later event of the aggregate overtake
+//     (parks in inbox_parked, surviving restarts), counts failures per event
+//     (never deliveries or infrastructure failures), dead-letters invalid,
+//     permanently failing and exhausted events with the reason, and in strict
+//     order holds the aggregate behind a dead-lettered event (inbox_held)
+//     until redrive or release. pkg/transport/transporttest is the suite
+//     every transport passes.
 //   - Operations move dead messages back in the order they died, and replay
 //     re-sends stored events to one consumer only.
 package transport

@@ -1,21 +1,11 @@
 package transport_test
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
-
-	"github.com/fifobox/fifobox/internal/pgtest"
-	"github.com/fifobox/fifobox/pkg/envelope"
-	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/transport"
 )
 
@@ -93,116 +83,4 @@ func TestDurationJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(`{"initial_delay":5}`), &p); err == nil {
 		t.Fatal("a number was accepted as a duration")
 	}
-}
-
-func TestLanesKeepOrderPerKey(t *testing.T) {
-	l := transport.NewLanes(4, 8)
-	var mu sync.Mutex
-	got := map[string][]int{}
-	lanes := map[string]map[int]bool{}
-	for i := 0; i < 400; i++ {
-		key := fmt.Sprintf("agg-%d", i%13)
-		if err := l.Submit(context.Background(), key, func(lane int) {
-			mu.Lock()
-			defer mu.Unlock()
-			got[key] = append(got[key], i)
-			if lanes[key] == nil {
-				lanes[key] = map[int]bool{}
-			}
-			lanes[key][lane] = true
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	l.Close()
-	for key, seq := range got {
-		for j := 1; j < len(seq); j++ {
-			if seq[j] < seq[j-1] {
-				t.Fatalf("%s ran out of order: %v", key, seq)
-			}
-		}
-		if len(lanes[key]) != 1 {
-			t.Fatalf("%s ran on lanes %v", key, lanes[key])
-		}
-	}
-	if len(got) != 13 {
-		t.Fatalf("%d keys ran, want 13", len(got))
-	}
-}
-
-func TestLanesSubmitStopsWithContext(t *testing.T) {
-	l := transport.NewLanes(1, 0)
-	block := make(chan struct{})
-	_ = l.Submit(context.Background(), "a", func(int) { <-block })
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	if err := l.Submit(ctx, "a", func(int) {}); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Submit on a full lane returned %v, want the context's error", err)
-	}
-	close(block)
-	l.Close()
-}
-
-func event(t *testing.T) envelope.Envelope {
-	t.Helper()
-	e, err := envelope.New("order.created", "order", "o-"+uuid.NewString()[:8], map[string]int{"n": 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.Sequence = 1
-	return e
-}
-
-func TestProcess(t *testing.T) {
-	t.Parallel()
-	db := pgtest.New(t)
-	ctx := context.Background()
-	ok := func(context.Context, pgx.Tx, envelope.Envelope) error { return nil }
-	e := event(t)
-	body, _ := e.Encode()
-
-	tests := []struct {
-		name    string
-		body    []byte
-		apply   inbox.Apply
-		verdict transport.Verdict
-		outcome inbox.Outcome
-		class   string
-	}{
-		{"applied", body, ok, transport.Ack, inbox.Applied, ""},
-		{"duplicate", body, ok, transport.Ack, inbox.Duplicate, ""},
-		{"invalid", []byte(`{"v":1,"id":"x"}`), ok, transport.DeadLetter, 0, inbox.ClassInvalid},
-		{"permanent", mustEncode(t, event(t)), func(context.Context, pgx.Tx, envelope.Envelope) error {
-			return envelope.Permanent(errors.New("no such customer"))
-		}, transport.DeadLetter, 0, inbox.ClassPermanent},
-		{"transient", mustEncode(t, event(t)), func(context.Context, pgx.Tx, envelope.Envelope) error {
-			return errors.New("downstream timeout")
-		}, transport.Retry, 0, inbox.ClassTransient},
-		{"panic", mustEncode(t, event(t)), func(context.Context, pgx.Tx, envelope.Envelope) error {
-			panic("boom")
-		}, transport.Retry, 0, inbox.ClassTransient},
-	}
-	for _, tt := range tests {
-		r := transport.Process(ctx, db.Pool, "c1", tt.body, tt.apply)
-		if r.Verdict != tt.verdict || r.Outcome != tt.outcome || r.Class != tt.class {
-			t.Errorf("%s: got %s/%s/%q (%v), want %s/%s/%q", tt.name, r.Verdict, r.Outcome, r.Class, r.Err, tt.verdict, tt.outcome, tt.class)
-		}
-		if tt.verdict != transport.Ack && r.Err == nil {
-			t.Errorf("%s: no error", tt.name)
-		}
-	}
-	// A failed side effect leaves no inbox row: the retry applies it.
-	var n int
-	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE consumer = 'c1'`).Scan(&n); err != nil || n != 1 {
-		t.Fatalf("inbox rows = %d (%v), want 1 (only the applied event)", n, err)
-	}
-}
-
-func mustEncode(t *testing.T, e envelope.Envelope) []byte {
-	t.Helper()
-	b, err := e.Encode()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
 }

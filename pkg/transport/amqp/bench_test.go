@@ -4,23 +4,23 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"sort"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/fifobox/fifobox/internal/pgtest"
 	"github.com/fifobox/fifobox/internal/proccpu"
 	"github.com/fifobox/fifobox/pkg/envelope"
+	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/outbox/outboxtest"
+	"github.com/fifobox/fifobox/pkg/transport"
 	"github.com/fifobox/fifobox/pkg/transport/amqp"
 	"github.com/fifobox/fifobox/pkg/transport/amqp/amqptest"
+	"github.com/fifobox/fifobox/pkg/transport/transporttest"
 )
 
 // brokerProcess is the RabbitMQ server's process name (the Erlang VM), whose
@@ -265,127 +265,27 @@ func BenchmarkLatency(b *testing.B) {
 func latencyRun(b *testing.B, rate, seconds int) {
 	topo := amqp.Holdco()
 	_, cfg := benchVhost(b, topo)
-	db := pgtest.New(b)
-	var mu sync.Mutex
-	committed := map[string]time.Time{}
-	var lat []time.Duration
-	settledAt := map[string][]time.Time{}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for _, c := range topo.Consumers {
-		// Each consumer has a pool of its own, as a separate process would.
-		pc, err := pgxpool.ParseConfig(db.URL)
-		if err != nil {
-			b.Fatal(err)
-		}
-		pc.MaxConns = int32(c.Workers)
-		if c.Workers == 0 {
-			pc.MaxConns = 8
-		}
-		pc.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
-		pool, err := pgxpool.NewWithConfig(context.Background(), pc)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer pool.Close()
-		r, err := amqp.NewRunner(cfg, pool, func(context.Context, pgx.Tx, envelope.Envelope) error { return nil },
-			amqp.ConsumerConfig{Consumer: c.Name, OnSettle: func(s amqp.Settlement) {
-				now := time.Now()
-				if s.Action != amqp.ActionApplied {
-					return
-				}
-				mu.Lock()
-				settledAt[s.EventID] = append(settledAt[s.EventID], now)
-				mu.Unlock()
-			}})
-		if err != nil {
-			b.Fatal(err)
-		}
-		wg.Add(1)
-		go func() { defer wg.Done(); _ = r.Run(ctx) }()
-	}
 	pub, err := amqp.NewPublisher(cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer pub.Close()
-	d, err := outbox.NewDispatcher(db.Pool, pub, outbox.DispatcherConfig{Logger: quiet})
-	if err != nil {
-		b.Fatal(err)
+	lanes := map[string]int{}
+	for _, c := range topo.Consumers {
+		lanes[c.Name] = max(c.Workers, 8)
 	}
-	wg.Add(1)
-	go func() { defer wg.Done(); _ = d.Run(ctx) }()
-
-	total := rate * seconds
-	const producers = 8
-	want := 0
 	routes := (&pipeline{topo: topo}).routes
-	evs := make([]envelope.Envelope, total)
+	evs := make([]envelope.Envelope, rate*seconds)
 	for i := range evs {
 		k := holdcoKinds[i%len(holdcoKinds)]
 		evs[i] = newEvent(k.typ, fmt.Sprintf("%s-%04d", k.typ, i%500), k.events[(i/500)%len(k.events)], 0)
-		want += len(routes(evs[i]))
 	}
-	var pw sync.WaitGroup
-	start := time.Now()
-	for p := 0; p < producers; p++ {
-		pw.Add(1)
-		go func() {
-			defer pw.Done()
-			for i := p; i < total; i += producers {
-				if wait := time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate))); wait > 0 {
-					time.Sleep(wait)
-				}
-				e := evs[i]
-				err := pgx.BeginFunc(context.Background(), db.Pool, func(tx pgx.Tx) error { return outbox.Enqueue(context.Background(), tx, e) })
-				now := time.Now()
-				if err != nil {
-					b.Error(err)
-					return
-				}
-				mu.Lock()
-				committed[e.ID] = now
-				mu.Unlock()
-			}
-		}()
-	}
-	pw.Wait()
-	offered := float64(total) / time.Since(start).Seconds()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		mu.Lock()
-		n := 0
-		for _, ts := range settledAt {
-			n += len(ts)
-		}
-		mu.Unlock()
-		if n >= want || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	cancel()
-	wg.Wait()
-
-	mu.Lock()
-	defer mu.Unlock()
-	for id, c := range committed {
-		for _, at := range settledAt[id] {
-			lat = append(lat, at.Sub(c))
-		}
-	}
-	if len(lat) != want {
-		b.Fatalf("%d of %d applications observed", len(lat), want)
-	}
-	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	pct := func(p float64) time.Duration { return lat[min(int(p*float64(len(lat))), len(lat)-1)] }
-	b.ReportMetric(float64(pct(0.50).Microseconds())/1000, "p50-ms")
-	b.ReportMetric(float64(pct(0.99).Microseconds())/1000, "p99-ms")
-	b.ReportMetric(float64(lat[len(lat)-1].Microseconds())/1000, "max-ms")
-	fmt.Printf("\ncommit-to-consume latency, %d events/s offered (%.0f achieved) for %ds, holdco (3 consumers, %d applications)\n",
-		rate, offered, seconds, len(lat))
-	fmt.Printf("  p50 %s  p95 %s  p99 %s  max %s   (target p99 < 250ms)\n\n",
-		pct(0.50).Round(time.Millisecond), pct(0.95).Round(time.Millisecond), pct(0.99).Round(time.Millisecond), lat[len(lat)-1].Round(time.Millisecond))
+	transporttest.LatencyRun{DB: pgtest.New(b), Publisher: pub, Consumers: lanes,
+		Runner: func(name string, db inbox.DB, apply inbox.Apply, cc inbox.ConsumerConfig) (transport.Runner, error) {
+			return amqp.NewRunner(cfg, db, apply, cc)
+		},
+		Events: evs, Routes: func(e envelope.Envelope) int { return len(routes(e)) }, Rate: rate, BrokerProcess: brokerProcess,
+	}.Measure(b)
 }
 
 // benchVhost is setup for benchmarks.

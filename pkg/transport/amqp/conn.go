@@ -13,6 +13,7 @@ import (
 
 	"github.com/fifobox/fifobox/pkg/envspec"
 	"github.com/fifobox/fifobox/pkg/redact"
+	"github.com/fifobox/fifobox/pkg/wire"
 )
 
 // Environment variables read by ConfigFromEnv.
@@ -67,6 +68,11 @@ type Config struct {
 	TLS *tls.Config
 	// Logger; default slog.Default().
 	Logger *slog.Logger
+	// Wire, if set, publishes every event as this wire profile renders it
+	// (its exchange, routing key, body, headers and properties) instead of
+	// fifobox's envelope through Topology (pkg/wire; ProfileProvisioner
+	// declares the profile's entities).
+	Wire *wire.Mapper
 
 	// Users are the functions' broker users the Provisioner creates or
 	// updates (through the management API, as URL's administrator), each
@@ -124,7 +130,7 @@ func (c *Config) Validate() error {
 	if err := c.Topology.Prepare(); err != nil {
 		return fmt.Errorf("topology (%s): %w", EnvTopology, err)
 	}
-	return nil
+	return c.validateWire()
 }
 
 // ConfigFromEnv reads FIFOBOX_AMQP_URL (default DefaultURL, the local
@@ -141,6 +147,9 @@ func ConfigFromEnv() (Config, error) {
 		return Config{}, fmt.Errorf("%s: %w", EnvTopology, err)
 	}
 	c.Topology = t
+	if c.Wire, err = wireFromEnv(); err != nil {
+		return Config{}, err
+	}
 	c.setDefaults()
 	return c, c.Validate()
 }

@@ -3,7 +3,6 @@ package amqp
 import (
 	"context"
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"math"
 	"sort"
@@ -14,52 +13,58 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/fifobox/fifobox/pkg/inbox"
-	"github.com/fifobox/fifobox/pkg/transport"
 )
 
-// LambdaHandler is the consumer Lambda for Amazon MQ for RabbitMQ.
+// LambdaHandler is the consumer Lambda for Amazon MQ for RabbitMQ, on the
+// same consumer engine (inbox.Engine) as the Runner.
 //
 // Lambda's Amazon MQ event source has no partial batch response: a returned
-// error makes Lambda deliver the whole batch again (under its own redelivery
-// policy, which cannot be configured), and success acknowledges all of it.
-// So the handler settles every record itself before returning: applied and
-// duplicate records need nothing; a transient failure is sent to the
-// consumer's delay queue (and its aggregate parked, as in the Runner); an
-// invalid or permanently failing record is sent to the DLQ with the reason.
-// Those sends are publisher-confirmed. One bad record therefore neither
-// blocks the others (they are applied, and the batch succeeds) nor re-applies
-// them. Only when a send itself fails does Handle return an error; Lambda
-// then redelivers the batch, the inbox drops the records already applied,
-// and the remaining records of a failed aggregate were left unapplied so
-// that they keep their order.
+// error makes Lambda deliver the whole batch again (under its own fixed
+// redelivery policy, maximumRedeliveries 6, after which the broker
+// dead-letters the messages, bypassing fifobox's holds), and success
+// acknowledges all of it. So the handler settles every record itself before
+// returning: applied and duplicate records need nothing; a transient
+// failure goes to the consumer's delay queue with its group parked in the
+// database behind it (inbox_parked, so the group's later records follow it
+// there, across invocations and environment recycles); an invalid or
+// permanently failing record, or one out of retries, goes to the DLQ with
+// the reason, holding its group in strict order (inbox_held). Those sends
+// are publisher-confirmed. One bad record therefore neither blocks the
+// others nor re-applies them.
 //
-// What Lambda does with a batch once its own redelivery policy is used up
-// is Lambda's (AWS documents a fixed policy, maximumRedeliveries 6); the
-// queue dead-letters whatever the broker rejects or, for a quorum queue,
-// delivers DeliveryLimit times, to the consumer's DLQ, so such records end
-// there rather than being lost.
+// The deadline: "redeliver only what was not finished" means, on this event
+// source, that the handler hands those records back itself. It starts no
+// record once the invocation's deadline is within DeadlineMargin; the
+// records not started go to the first delay queue (no failure counted),
+// each group parked behind its first such record, so they come back in
+// order and nothing newer of their groups overtakes them, and the
+// invocation succeeds before its timeout. Only when even that cannot be
+// done (the broker refuses the copies, or the database is unreachable for
+// the parking) does Handle return an error, and Lambda redelivers the
+// batch: the inbox, the parks and the holds recognise what was done.
 type LambdaHandler struct {
-	cfg Config
-	s   *settler
-	out *sender
+	cfg    Config
+	engine *inbox.Engine
+	c      Consumer
+	out    *sender
 
-	mu sync.Mutex // one invocation at a time per environment; guards parking
+	mu sync.Mutex // one invocation at a time per environment
 }
 
 // NewLambdaHandler returns the handler for cc.Consumer. It opens its
 // publishing connection (for delay queue and DLQ sends) lazily and keeps it
 // across invocations.
-func NewLambdaHandler(cfg Config, db inbox.DB, apply inbox.Apply, cc ConsumerConfig) (*LambdaHandler, error) {
+func NewLambdaHandler(cfg Config, db inbox.DB, apply inbox.Apply, cc inbox.ConsumerConfig) (*LambdaHandler, error) {
 	if err := cfg.prepare(); err != nil {
 		return nil, fmt.Errorf("new amqp lambda handler: %w", err)
 	}
 	h := &LambdaHandler{cfg: cfg}
-	h.out = newSender(&h.cfg, "lambda/"+cc.Consumer)
-	s, err := newSettler(&h.cfg, db, apply, cc, h.out)
+	e, c, err := newEngine(&h.cfg, db, apply, cc)
 	if err != nil {
 		return nil, fmt.Errorf("new amqp lambda handler: %w", err)
 	}
-	h.s = s
+	h.engine, h.c = e, c
+	h.out = newSender(&h.cfg, "lambda/"+c.Name)
 	return h, nil
 }
 
@@ -75,59 +80,43 @@ func (h *LambdaHandler) Handle(ctx context.Context, ev events.RabbitMQEvent) err
 		queues = append(queues, k)
 	}
 	sort.Strings(queues)
-	var firstErr error
+	var recs []*inbox.Record
 	for _, k := range queues {
 		q, _, _ := strings.Cut(k, "::") // "queue::vhost"
-		if q != h.s.c.QueueName() {
-			return fmt.Errorf("amqp lambda: records from queue %q, but consumer %s reads %q: check the event source mapping", q, h.s.c.Name, h.s.c.QueueName())
+		if q != h.c.QueueName() {
+			return fmt.Errorf("amqp lambda: records from queue %q, but consumer %s reads %q: check the event source mapping", q, h.c.Name, h.c.QueueName())
 		}
-		if err := h.batch(ctx, ev.MessagesByQueue[k]); err != nil && firstErr == nil {
-			firstErr = err
+		for i, m := range ev.MessagesByQueue[k] {
+			d, body, err := fromLambda(m)
+			if err != nil {
+				// Not even the envelope could be read (bad base64): invalid.
+				d, body = &delivery{messageID: fmt.Sprintf("record-%d", i), headers: amqp091.Table{}}, []byte(m.Data)
+			}
+			if d.messageID == "" {
+				d.messageID = fmt.Sprintf("record-%d", i)
+			}
+			deliveries := 1
+			if m.Redelivered {
+				deliveries = 0
+			}
+			recs = append(recs, h.cfg.Topology.record(d, body, deliveries))
 		}
 	}
-	return firstErr
-}
-
-func (h *LambdaHandler) batch(ctx context.Context, msgs []events.RabbitMQMessage) error {
-	lanes := transport.NewLanes(h.s.c.Workers, len(msgs))
-	batches := h.s.newBatcher(lanes)
-	var mu sync.Mutex
-	var firstErr error
-	for i, m := range msgs {
-		d, err := fromLambda(m)
-		if err != nil {
-			// Not even the envelope could be read (bad base64): treat as invalid.
-			d = &delivery{messageID: fmt.Sprintf("record-%d", i), headers: amqp091.Table{}, decodeErr: err}
-		}
-		// Lambda settles the records when the function returns nil:
-		// nothing to acknowledge one by one.
-		_ = batches.submit(context.WithoutCancel(ctx), d, func() error { return nil }, func(err error) {
-			if errors.Is(err, errPoisoned) {
-				return
-			}
-			mu.Lock()
-			if firstErr == nil {
-				firstErr = err
-			}
-			mu.Unlock()
-		})
-	}
-	lanes.Close()
-	if firstErr != nil {
-		return fmt.Errorf("amqp lambda: a record could not be settled; failing the batch so Lambda delivers it again (applied records are skipped by the inbox): %w", firstErr)
+	if err := h.engine.Handle(ctx, &broker{topo: &h.cfg.Topology, c: h.c, out: h.out, cfg: &h.cfg}, recs); err != nil {
+		return fmt.Errorf("amqp lambda: a record could not be settled; failing the batch so Lambda delivers it again (what was done is recognised): %w", err)
 	}
 	return nil
 }
 
 // fromLambda converts a Lambda record: base64 data, and headers whose string
 // values arrive as {"bytes": [...]}.
-func fromLambda(m events.RabbitMQMessage) (*delivery, error) {
+func fromLambda(m events.RabbitMQMessage) (*delivery, []byte, error) {
 	body, err := base64.StdEncoding.DecodeString(m.Data)
 	if err != nil {
-		return nil, fmt.Errorf("record data is not base64: %w", err)
+		return nil, nil, fmt.Errorf("record data is not base64: %w", err)
 	}
 	bp := m.BasicProperties
-	d := &delivery{body: body, headers: amqp091.Table{}, props: amqp091.Publishing{
+	d := &delivery{headers: amqp091.Table{}, props: amqp091.Publishing{
 		ContentType: bp.ContentType, DeliveryMode: bp.DeliveryMode, Priority: bp.Priority,
 		MessageId: deref(bp.MessageID), Type: deref(bp.Type), AppId: deref(bp.AppID), CorrelationId: deref(bp.CorrelationID),
 	}}
@@ -135,8 +124,7 @@ func fromLambda(m events.RabbitMQMessage) (*delivery, error) {
 	for k, v := range bp.Headers {
 		d.headers[k] = lambdaHeader(v)
 	}
-	d.decode()
-	return d, nil
+	return d, body, nil
 }
 
 // lambdaHeader maps a header value from Lambda's JSON to an AMQP table value.

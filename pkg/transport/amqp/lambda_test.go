@@ -7,6 +7,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/jackc/pgx/v5"
@@ -14,7 +15,9 @@ import (
 
 	"github.com/fifobox/fifobox/internal/pgtest"
 	"github.com/fifobox/fifobox/pkg/envelope"
+	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/outbox"
+	"github.com/fifobox/fifobox/pkg/transport"
 	"github.com/fifobox/fifobox/pkg/transport/amqp"
 )
 
@@ -57,11 +60,16 @@ func lambdaEvent(t *testing.T, queue, vhost string, ds []amqp091.Delivery) event
 	return ev
 }
 
-// TestLambdaHandler: one bad record neither blocks nor re-applies the rest.
+// TestLambdaHandler: the Amazon MQ event's shape (base64 data, headers as
+// {"bytes": [...]}); one bad record neither blocks nor re-applies the rest;
+// the handler settles each record itself (delay queue, DLQ); a batch it
+// cannot settle fails as a whole and its redelivery is recognised. Delays
+// are long so that nothing comes back from a delay queue during the test.
 func TestLambdaHandler(t *testing.T) {
 	t.Parallel()
 	topo := amqp.Ticketing()
-	topo.Consumers[0].Retry = fastRetry(3)
+	topo.Consumers[0].Retry = transport.RetryPolicy{MaxRetries: 3, InitialDelay: transport.Duration(time.Minute), Multiplier: 2,
+		MaxDelay: transport.Duration(10 * time.Minute)}
 	cfg, v := setup(t, topo)
 	db := pgtest.New(t)
 	ctx := context.Background()
@@ -80,8 +88,8 @@ func TestLambdaHandler(t *testing.T) {
 		_, err = tx.Exec(ctx, `INSERT INTO applied (event_id, seq) VALUES ($1, $2)`, e.ID, e.Sequence)
 		return err
 	}
-	var settled []amqp.Settlement
-	h, err := amqp.NewLambdaHandler(cfg, db.Pool, apply, amqp.ConsumerConfig{Consumer: "inventory", OnSettle: func(s amqp.Settlement) {
+	var settled []inbox.Settlement
+	h, err := amqp.NewLambdaHandler(cfg, db.Pool, apply, inbox.ConsumerConfig{Consumer: "inventory", OnSettle: func(s inbox.Settlement) {
 		mu.Lock()
 		settled = append(settled, s)
 		mu.Unlock()
@@ -147,13 +155,17 @@ func TestLambdaHandler(t *testing.T) {
 		t.Fatalf("retry queue %s holds %d messages (%v), want c1 (attempt 1) then c2", retryQ, len(held), held)
 	}
 
-	// Lambda delivers the same batch again (as after a timeout): nothing is
-	// applied twice.
+	// Lambda delivers the same batch again (as after a failed invocation):
+	// nothing is applied twice, and c1's second failure counts (its park
+	// says it failed once already): it waits for retry 2.
 	if err := h.Handle(ctx, ev); err != nil {
 		t.Fatal(err)
 	}
 	if got := applied(); got[a1.ID] != 1 {
 		t.Fatalf("redelivered batch re-applied a1: %v", got)
+	}
+	if again := r.get(topo.Consumers[0].RetryQueueName(2)); len(again) != 2 || again[0].MessageId != c1.ID || again[0].Headers["x-attempts"] != int32(2) {
+		t.Fatalf("after the redelivery retry 2's queue holds %v, want c1 (2 failures) then c2", again)
 	}
 
 	// A record whose retry cannot be sent (its delay queue is gone) fails the
@@ -186,7 +198,9 @@ func TestLambdaHandler(t *testing.T) {
 	if got := applied(); got[e2.ID] != 0 {
 		t.Fatalf("e2 applied while e1 is unsettled")
 	}
-	// Provisioned again, Lambda's redelivery of the batch settles it.
+	// Provisioned again, Lambda's redelivery of the batch settles it: e1's
+	// first failure was counted (its settling failed, not the count), so
+	// it waits for retry 2, and e2 behind it.
 	p, _ := amqp.NewProvisioner(cfg)
 	if err := p.Provision(ctx); err != nil {
 		t.Fatal(err)
@@ -194,8 +208,8 @@ func TestLambdaHandler(t *testing.T) {
 	if err := h.Handle(ctx, ev2); err != nil {
 		t.Fatal(err)
 	}
-	if held := r.get(retryQ); len(held) != 2 || held[0].MessageId != e1.ID || held[1].MessageId != e2.ID {
-		t.Fatalf("after redelivery the retry queue holds %d messages, want e1 then e2", len(held))
+	if held := r.get(topo.Consumers[0].RetryQueueName(2)); len(held) != 2 || held[0].MessageId != e1.ID || held[1].MessageId != e2.ID {
+		t.Fatalf("after redelivery retry 2's queue holds %d messages, want e1 then e2", len(held))
 	}
 	if err := h.Handle(ctx, events.RabbitMQEvent{MessagesByQueue: map[string][]events.RabbitMQMessage{"other::" + v.Name: nil}}); err == nil {
 		t.Error("records from another consumer's queue were accepted")

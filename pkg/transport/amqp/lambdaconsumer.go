@@ -9,6 +9,7 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 
+	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/metrics"
 	"github.com/fifobox/fifobox/pkg/transport"
 )
@@ -29,8 +30,8 @@ func (t *Transport) LambdaHandler(lc transport.LambdaConfig) (any, error) {
 	cfg.Logger = lc.Logger
 	m := &lambdaMetrics{em: lc.Metrics, log: lc.Logger}
 	m.acc.Consumer = lc.Consumer
-	h, err := NewLambdaHandler(cfg, lc.DB, lc.Apply, ConsumerConfig{
-		Consumer: lc.Consumer, LogAggregateIDs: lc.LogAggregateIDs, OnSettle: m.settled,
+	h, err := NewLambdaHandler(cfg, lc.DB, lc.Apply, inbox.ConsumerConfig{
+		Consumer: lc.Consumer, LogAggregateIDs: lc.LogAggregateIDs, OnSettle: m.settled, DeadlineMargin: lc.DeadlineMargin, Logger: lc.Logger,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("new consumer: %w", err)
@@ -49,15 +50,15 @@ type lambdaMetrics struct {
 	acc metrics.ConsumerBatch
 }
 
-func (a *lambdaMetrics) settled(st Settlement) {
+func (a *lambdaMetrics) settled(st inbox.Settlement) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	switch st.Action {
-	case ActionApplied:
+	case inbox.ActionApplied:
 		a.acc.Processed++
-	case ActionDuplicate:
+	case inbox.ActionDuplicate:
 		a.acc.Duplicates++
-	default: // retried, forwarded behind a retrying head, dead-lettered
+	default: // retried, deferred behind a retrying head, dead-lettered, held
 		a.acc.Failures++
 	}
 	if !st.Envelope.OccurredAt.IsZero() {

@@ -255,7 +255,7 @@ func (o *Operations) redriven(c Consumer, m amqp091.Delivery) outgoing {
 	}
 	h[o.cfg.Topology.AttemptsHeader] = int32(0)
 	h[HeaderRedriven] = int32(headerInt(d.headers[HeaderRedriven]) + 1)
-	return outgoing{exchange: "", key: c.QueueName(), msg: republish(d, h)}
+	return outgoing{exchange: "", key: c.QueueName(), msg: republish(d, m.Body, h)}
 }
 
 // Replay publishes msgs to the consumer's queue only (the default exchange

@@ -158,7 +158,7 @@ func (p *Publisher) unroutedPolicy(m *outbox.Message, err error) error {
 	if (err == nil && pol != transport.UnroutedAlternate) || (err != nil && !errors.Is(err, ErrUnroutable)) {
 		return err // the common case costs no topology check
 	}
-	if p.topo.selectedByAny(m) {
+	if p.selects(m) {
 		return err
 	}
 	switch {
@@ -175,6 +175,9 @@ func (p *Publisher) unroutedPolicy(m *outbox.Message, err error) error {
 
 // message renders one outbox message as a publishing to the events exchange.
 func (p *Publisher) message(m *outbox.Message, now time.Time) (outgoing, error) {
+	if p.cfg.Wire != nil {
+		return p.wireMessage(m)
+	}
 	if len(m.Body) > p.cfg.MaxMessageBytes {
 		return outgoing{}, envelope.Permanent(fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(m.Body), p.cfg.MaxMessageBytes))
 	}

@@ -15,9 +15,12 @@ import (
 	"github.com/fifobox/fifobox/internal/pgtest"
 	"github.com/fifobox/fifobox/internal/proccpu"
 	"github.com/fifobox/fifobox/pkg/envelope"
+	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/outbox/outboxtest"
+	"github.com/fifobox/fifobox/pkg/transport"
 	nats "github.com/fifobox/fifobox/pkg/transport/nats"
+	"github.com/fifobox/fifobox/pkg/transport/transporttest"
 )
 
 // brokerProcess is the NATS server's process name, whose CPU the benchmark
@@ -245,4 +248,52 @@ func purge(b *testing.B, cfg nats.Config) {
 	if err := s.Purge(context.Background()); err != nil {
 		b.Fatal(err)
 	}
+}
+
+// BenchmarkLatency is RabbitMQ's BenchmarkLatency on JetStream: 100 and
+// 1,000 events/s offered (one business transaction each, over 500
+// aggregates) for FIFOBOX_BENCH_SECONDS (default 30) to the whole pipeline
+// (dispatcher with its defaults, holdco's three consumers applying through
+// the inbox, a lane's waiting messages in one transaction), reporting
+// commit-to-consume latency beside the RabbitMQ figure.
+//
+//	go test -run '^$' -bench BenchmarkLatency -benchtime 1x ./pkg/transport/nats/
+func BenchmarkLatency(b *testing.B) {
+	needServer(b)
+	seconds := 30
+	if v, err := strconv.Atoi(os.Getenv("FIFOBOX_BENCH_SECONDS")); err == nil && v > 0 {
+		seconds = v
+	}
+	for _, rate := range []int{100, 1000} {
+		b.Run(fmt.Sprintf("%d-per-second", rate), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				latencyRun(b, rate, seconds)
+			}
+		})
+	}
+}
+
+func latencyRun(b *testing.B, rate, seconds int) {
+	cfg := setup(b, nats.Holdco())
+	if err := cfg.Topology.Prepare(); err != nil {
+		b.Fatal(err)
+	}
+	topo := cfg.Topology
+	pub := newPublisher(b, cfg)
+	lanes := map[string]int{}
+	for _, c := range topo.Consumers {
+		lanes[c.Name] = c.Workers
+	}
+	routes := (&pipeline{topo: topo}).routes
+	evs := make([]envelope.Envelope, rate*seconds)
+	for i := range evs {
+		k := holdcoKinds[i%len(holdcoKinds)]
+		evs[i] = newEvent(k.typ, fmt.Sprintf("%s-%04d", k.typ, i%500), k.events[(i/500)%len(k.events)], 0)
+	}
+	transporttest.LatencyRun{DB: pgtest.New(b), Publisher: pub, Consumers: lanes,
+		Runner: func(name string, db inbox.DB, apply inbox.Apply, cc inbox.ConsumerConfig) (transport.Runner, error) {
+			return nats.NewRunner(cfg, db, apply, cc)
+		},
+		Events: evs, Routes: func(e envelope.Envelope) int { return len(routes(e)) }, Rate: rate, BrokerProcess: brokerProcess,
+	}.Measure(b)
 }

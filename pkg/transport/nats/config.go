@@ -17,6 +17,7 @@ import (
 
 	"github.com/fifobox/fifobox/pkg/envspec"
 	"github.com/fifobox/fifobox/pkg/redact"
+	"github.com/fifobox/fifobox/pkg/wire"
 )
 
 // Environment variables read by ConfigFromEnv.
@@ -95,6 +96,11 @@ type Config struct {
 	InboxPrefix string
 	// Logger; default slog.Default().
 	Logger *slog.Logger
+	// Wire, if set, publishes every event as this wire profile renders it
+	// (its subject, body and headers, Nats-Msg-Id from the profile) to the
+	// profile's stream, instead of fifobox's envelope through Topology
+	// (pkg/wire; ProfileProvisioner creates the stream).
+	Wire *wire.Mapper
 }
 
 func (c *Config) setDefaults() {
@@ -155,7 +161,7 @@ func (c *Config) Validate() error {
 	if err := c.Topology.Prepare(); err != nil {
 		return fmt.Errorf("topology (%s): %w", EnvTopology, err)
 	}
-	return nil
+	return c.validateWire()
 }
 
 // ConfigFromEnv reads FIFOBOX_NATS_URL (default DefaultURL),
@@ -182,6 +188,9 @@ func ConfigFromEnv() (Config, error) {
 		t.Subject = v
 	}
 	c.Topology = t
+	if c.Wire, err = wireFromEnv(); err != nil {
+		return Config{}, err
+	}
 	c.setDefaults()
 	if err := c.Validate(); err != nil {
 		return Config{}, fmt.Errorf("nats config from environment (%s, %s, %s): %w", EnvStream, EnvSubjectPrefix, EnvSubject, err)

@@ -4,55 +4,64 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/transport"
 )
 
 // Runner consumes one consumer's durable pull consumer on this machine or in
-// a container, applying each message through the inbox.
+// a container, on the consumer engine every transport shares
+// (inbox.Engine).
 //
 // Order: JetStream delivers a consumer's messages in stream order, and the
-// dispatcher stored each aggregate's events in order. The runner hashes each
-// message's aggregate to one of Consumer.Workers lanes (transport.Lanes), so
-// different aggregates apply in parallel and one aggregate's events one
-// after the other; an aggregate whose head is waiting for a retry holds its
-// later messages in memory until the head settles (see settler). Run one
-// Runner per consumer: a pull consumer shares its messages among all
-// clients pulling from it, and two runners could then apply one aggregate's
-// events at the same time (a second runner is a cold standby, not extra
-// throughput; raise Workers instead).
+// dispatcher stored each aggregate's events in order. The engine applies
+// different aggregates in parallel (Consumer.Workers lanes, a lane's
+// waiting messages in one inbox transaction) and one aggregate's events one
+// after the other. A transiently failing event is nacked with the retry
+// policy's delay and its aggregate parked in the database (inbox_parked):
+// the aggregate's later messages wait in memory behind it, and after a
+// restart the park still holds them back. Every message the engine holds,
+// queued, running, waiting behind a retrying event or waiting out a
+// database outage, is kept in progress (InProgress every AckWait/4), so the
+// server redelivers nothing the runner still has: deliveries count only
+// real redeliveries, and failures are counted per event by the engine.
+// Run one Runner per consumer: a pull consumer shares its messages among
+// all clients pulling from it, and two runners could then apply one
+// aggregate's events at the same time (a second runner is a cold standby,
+// not extra throughput; raise Workers instead).
 //
 // Each message is acknowledged only after the inbox transaction committed,
 // or terminated after its copy reached the dead-letter stream (PubAck). The
 // client reconnects on its own after a dropped connection; the runner opens
 // a new connection if its connection is closed, or its consumer vanished.
 type Runner struct {
-	cfg Config
-	s   *settler
-	dlq *sender
+	cfg    Config
+	engine *inbox.Engine
+	c      Consumer
+	dlq    *sender
+	onSkip func(inbox.Settlement)
 }
 
 var _ transport.Runner = (*Runner)(nil)
 
 // NewRunner returns a Runner for cc.Consumer, applying events with apply
 // through the inbox in db.
-func NewRunner(cfg Config, db inbox.DB, apply inbox.Apply, cc ConsumerConfig) (*Runner, error) {
+func NewRunner(cfg Config, db inbox.DB, apply inbox.Apply, cc inbox.ConsumerConfig) (*Runner, error) {
 	if err := cfg.prepare(); err != nil {
 		return nil, fmt.Errorf("new nats runner: %w", err)
 	}
-	r := &Runner{cfg: cfg}
-	r.dlq = newSender(&r.cfg, "consumer/"+cc.Consumer+"/dlq")
-	s, err := newSettler(&r.cfg, db, apply, cc, r.dlq)
+	r := &Runner{cfg: cfg, onSkip: cc.OnSettle}
+	e, c, err := newEngine(&r.cfg, db, apply, cc)
 	if err != nil {
 		return nil, fmt.Errorf("new nats runner: %w", err)
 	}
-	r.s = s
+	r.engine, r.c = e, c
+	r.dlq = newSender(&r.cfg, "consumer/"+c.Name+"/dlq")
 	return r, nil
 }
 
@@ -74,7 +83,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		failures++
 		wait := min(r.cfg.ReconnectWait<<min(failures-1, 16), r.cfg.ReconnectMaxDelay)
 		if err != nil {
-			r.cfg.Logger.Warn("nats consumer: session ended; reconnecting", "consumer", r.s.c.Name, "retry_in", wait.String(), "error", err.Error())
+			r.cfg.Logger.Warn("nats consumer: session ended; reconnecting", "consumer", r.c.Name, "retry_in", wait.String(), "error", err.Error())
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -88,9 +97,9 @@ func (r *Runner) Run(ctx context.Context) error {
 }
 
 // session consumes on one connection until it is closed, the consumer
-// disappears, or ctx ends.
+// disappears, a message cannot be settled, or ctx ends.
 func (r *Runner) session(ctx context.Context) error {
-	c := r.s.c
+	c := r.c
 	nc, err := r.cfg.dial("consumer/" + c.Name)
 	if err != nil {
 		return err
@@ -105,61 +114,49 @@ func (r *Runner) session(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("consumer %s on stream %s (provisioned?): %w", c.Durable(), r.cfg.Topology.Stream, err)
 	}
-
-	lanes := transport.NewLanes(c.Workers, c.Batch)
-	sctx, stop := context.WithCancel(ctx)
-	defer stop()
-	fatal := make(chan error, 1)
-	cc, err := cons.Consume(func(m jetstream.Msg) { r.dispatch(sctx, lanes, m) },
+	fatal := make(chan error, 2)
+	report := func(err error) {
+		select {
+		case fatal <- err:
+		default:
+		}
+	}
+	s := r.engine.Start(ctx, &broker{topo: &r.cfg.Topology, c: c, dlq: r.dlq, log: r.cfg.Logger}, report)
+	cc, err := cons.Consume(func(m jetstream.Msg) { r.dispatch(s, m) },
 		jetstream.PullMaxMessages(c.Batch),
 		jetstream.PullHeartbeat(5*time.Second),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 			if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) {
-				select {
-				case fatal <- err:
-				default:
-				}
+				report(err)
 				return
 			}
 			r.cfg.Logger.Debug("nats consumer: pull error (the client retries)", "consumer", c.Name, "error", err.Error())
 		}))
 	if err != nil {
-		lanes.Close()
+		s.Stop(false)
 		return fmt.Errorf("consume %s: %w", c.Durable(), err)
 	}
-	// Held messages must be kept in progress well inside AckWait.
-	tick := time.NewTicker(max(time.Duration(c.AckWait)/4, 250*time.Millisecond))
-	defer tick.Stop()
 
 	var end error
-loop:
-	for {
-		select {
-		case <-ctx.Done():
-			break loop
-		case <-closed:
-			end = errors.New("connection closed")
-			break loop
-		case err := <-fatal:
-			end = fmt.Errorf("consumer %s: %w", c.Durable(), err)
-			break loop
-		case <-tick.C:
-			for _, key := range r.s.tend() {
-				_ = lanes.Submit(sctx, key, func(int) { r.s.releaseOverdue(sctx, key) })
-			}
-		}
+	select {
+	case <-ctx.Done():
+	case <-closed:
+		end = errors.New("connection closed")
+	case err := <-fatal:
+		end = fmt.Errorf("consumer %s: %w", c.Durable(), err)
 	}
-	// Stop pulling, let the lanes finish what they hold (each message
-	// settles within HandlerTimeout), then send held messages back to come
-	// after their heads.
+	// Stop pulling, let the engine finish what it holds (each batch within
+	// HandlerTimeout) when stopping cleanly, then hand back what is left so
+	// it comes again without waiting for AckWait; the parks keep it behind
+	// its heads.
 	cc.Stop()
-	stop()
 	select {
 	case <-cc.Closed():
 	case <-time.After(5 * time.Second):
 	}
-	lanes.Close()
-	r.s.abandon()
+	for _, rec := range s.Stop(end == nil) {
+		_ = rec.Handle.(*delivery).m.Nak()
+	}
 	if end == nil {
 		// Flush acknowledgements before the connection closes.
 		_ = nc.FlushTimeout(2 * time.Second)
@@ -168,22 +165,21 @@ loop:
 }
 
 // dispatch runs on the client's delivery goroutine, in delivery order: it
-// skips what the consumer's filters do not select, decodes the rest and
-// queues each on its aggregate's lane (waiting while the lane is full).
-func (r *Runner) dispatch(ctx context.Context, lanes *transport.Lanes, m jetstream.Msg) {
+// skips what the consumer's filters do not select and submits the rest to
+// the engine.
+func (r *Runner) dispatch(s *inbox.Session, m jetstream.Msg) {
 	md, err := m.Metadata()
 	if err != nil {
-		r.cfg.Logger.Warn("nats consumer: not a JetStream message; ignored", "consumer", r.s.c.Name, "error", err.Error())
+		r.cfg.Logger.Warn("nats consumer: not a JetStream message; ignored", "consumer", r.c.Name, "error", err.Error())
 		return
 	}
-	if !r.cfg.Topology.Selects(r.s.c, m.Subject()) {
+	if !r.cfg.Topology.Selects(r.c, m.Subject()) {
 		_ = m.Ack()
-		r.s.settled(Settlement{Consumer: r.s.c.Name, Action: ActionSkipped, Subject: m.Subject(), StreamSeq: md.Sequence.Stream, Deliveries: int(md.NumDelivered)})
+		if r.onSkip != nil {
+			r.onSkip(inbox.Settlement{Consumer: r.c.Name, Action: inbox.ActionSkipped, RecordID: strconv.FormatUint(md.Sequence.Stream, 10),
+				Deliveries: int(md.NumDelivered)})
+		}
 		return
 	}
-	d := &delivery{m: m, md: md}
-	d.env, d.decodeErr = envelope.Decode(m.Data())
-	key := d.key()
-	// If ctx ended, the message is not settled and comes back after AckWait.
-	_ = lanes.Submit(ctx, key, func(int) { r.s.handle(ctx, d) })
+	s.Submit(r.c.record(m, md))
 }

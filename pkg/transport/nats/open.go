@@ -10,6 +10,7 @@ import (
 
 	"github.com/fifobox/fifobox/pkg/envspec"
 	"github.com/fifobox/fifobox/pkg/transport"
+	"github.com/fifobox/fifobox/pkg/wire"
 )
 
 // EnvSecretARN names the Secrets Manager secret holding the server
@@ -17,9 +18,9 @@ import (
 // token sits in a function's configuration.
 const EnvSecretARN = "FIFOBOX_NATS_SECRET_ARN"
 
-// OpenEnv is every variable transport.Open reads for NATS: Env and the
-// secret's ARN.
-var OpenEnv = envspec.Join(Env, envspec.Set{
+// OpenEnv is every variable transport.Open reads for NATS: Env, the wire
+// profile's (FIFOBOX_PROFILE) and the secret's ARN.
+var OpenEnv = envspec.Join(Env, wire.Env, envspec.Set{
 	{Name: EnvSecretARN, Doc: `Secrets Manager secret {"username","password"}, {"token"} or {"creds"} (a .creds file's contents) for FIFOBOX_NATS_URL; unset: none or FIFOBOX_NATS_CREDS/USER/PASSWORD`},
 })
 

@@ -98,13 +98,25 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error 
 	unrouted := make([]bool, len(msgs))
 	var ready []int
 	for i := range msgs {
+		var err error
+		if p.cfg.Wire != nil {
+			// A wire profile's stream captures its subjects, for consumers
+			// fifobox does not know: an event on a subject the stream does not
+			// capture is the unrouted one.
+			if out[i], err = p.wireOutgoing(&msgs[i]); err != nil {
+				errs[i] = err
+				continue
+			}
+			unrouted[i] = !p.wireCaptures(out[i].msg.Subject)
+			ready = append(ready, i)
+			continue
+		}
 		subject := p.topo.EventSubject(&msgs[i])
 		unrouted[i] = !p.topo.selectedByAny(subject)
 		alternate := unrouted[i] && p.topo.Unrouted.Policy == transport.UnroutedAlternate
 		if alternate {
 			subject = p.topo.UnroutedSubject(&msgs[i])
 		}
-		var err error
 		if out[i], err = p.topo.outgoing(&msgs[i], subject, msgs[i].EventID); err != nil {
 			errs[i] = err
 			continue

@@ -15,7 +15,7 @@ import (
 type Transport struct {
 	cfg  Config
 	pub  *Publisher
-	prov *Provisioner
+	prov transport.Provisioner
 	ops  *Operations
 }
 
@@ -31,7 +31,7 @@ func New(cfg Config) (*Transport, error) {
 	if t.pub, err = NewPublisher(cfg); err != nil {
 		return nil, err
 	}
-	if t.prov, err = NewProvisioner(cfg); err != nil {
+	if t.prov, err = newProvisioner(cfg); err != nil {
 		return nil, err
 	}
 	if t.ops, err = NewOperations(cfg); err != nil {
@@ -80,7 +80,7 @@ func (t *Transport) Consumer(name string, db inbox.DB, apply inbox.Apply) (trans
 	if err := t.inTopology(name); err != nil {
 		return nil, err
 	}
-	return NewRunner(t.cfg, db, apply, ConsumerConfig{Consumer: name, LogAggregateIDs: Env.Get(EnvLogAggregateIDs) == "true"})
+	return NewRunner(t.cfg, db, apply, inbox.ConsumerConfig{Consumer: name, LogAggregateIDs: Env.Get(EnvLogAggregateIDs) == "true"})
 }
 
 // inTopology reports a consumer the topology lacks, naming the variable

@@ -19,6 +19,7 @@ import (
 
 	"github.com/fifobox/fifobox/internal/pgtest"
 	"github.com/fifobox/fifobox/pkg/envelope"
+	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/transport"
 	nats "github.com/fifobox/fifobox/pkg/transport/nats"
@@ -161,8 +162,8 @@ func TestEachFunctionsNATSUserCanDoOnlyItsJob(t *testing.T) {
 			return envelope.Permanent(errors.New("unknown venue"))
 		}
 		return nil
-	}, nats.ConsumerConfig{Consumer: "inventory", OnSettle: func(s nats.Settlement) {
-		if s.EventID == bad.EventID && s.Action == nats.ActionDeadLetter {
+	}, inbox.ConsumerConfig{Consumer: "inventory", OnSettle: func(s inbox.Settlement) {
+		if s.EventID == bad.EventID && s.Action == inbox.ActionDeadLetter {
 			dead <- struct{}{}
 		}
 	}})

@@ -11,8 +11,8 @@
 //     local and the tests run it against the emulator; on AWS the CDK app
 //     (infra/) creates the same resources from the same pkg/topology.
 //   - The SQS event source: Handler is the consumer Lambda's batch handler
-//     (events.SQSEvent in, partial batch failures out), inbox.BatchHandler
-//     over SQS records with this queue's DLQ; Runner is its local and
+//     (events.SQSEvent in, partial batch failures out), the consumer engine
+//     (inbox.Engine) over SQS records with this queue's DLQ; Runner is its local and
 //     long-running stand-in for Lambda's event source mapping.
 //   - Operations: queue, DLQ and subscription-DLQ depths, redrive from
 //     either DLQ by receive-and-resend, replay sends to one consumer's queue.

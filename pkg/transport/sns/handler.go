@@ -3,10 +3,12 @@ package sns
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
@@ -35,25 +37,30 @@ const (
 type HandlerConfig struct {
 	// Consumer is the inbox key, e.g. "orders-projection". Required.
 	Consumer string
-	// DLQURL is the queue's dead-letter queue for permanent and invalid
-	// messages. Required: without it such messages would be retried until
-	// maxReceiveCount moves them anyway.
+	// DLQURL is the queue's dead-letter queue for what the handler
+	// dead-letters (invalid, permanent, out of retries, held). Required.
 	DLQURL string
 	// Order: inbox.OrderStrict (default) or inbox.OrderRelaxed; see inbox.Order.
 	Order inbox.Order
-	// MaxReceiveCount is the queue's maxReceiveCount. A record failing on
-	// its last receive is dead-lettered by the handler (with the reason)
-	// instead of being moved by SQS, and in strict order its group is held
-	// before the attempt starts, so not even a crash can let the group's
-	// next event overtake it. 0: unknown (SQS moves such records, and a
-	// strict consumer cannot hold their groups).
+	// MaxReceiveCount is the queue's maxReceiveCount, after which SQS moves
+	// a message to the DLQ itself: a record on its last receive has its
+	// group held before the attempt starts (strict order) and is
+	// dead-lettered by the handler, with the reason, if it fails, so not
+	// even a crash lets the group's next event overtake it. 0: unknown.
 	MaxReceiveCount int
+	// MaxRetries is how many times an event's side effect may fail before
+	// the handler dead-letters it. Failures are counted per event in the
+	// database (inbox_parked), not by SQS's receive count, which also counts
+	// receives that failed for want of the database. Default
+	// MaxReceiveCount-1 (unlimited when that is unknown); keep
+	// MaxReceiveCount well above it so that a database outage cannot run a
+	// record into SQS's own dead-lettering.
+	MaxRetries int
 	// DeadlineMargin: the handler starts no record once the context's
-	// deadline is this close, and reports those records as failed, so the
-	// records it finished are committed and acknowledged instead of the
-	// whole batch being lost to the timeout. Default
-	// inbox.DefaultDeadlineMargin. The first record of a batch is always
-	// attempted.
+	// deadline is this close, and reports those records as failed (with no
+	// failure counted), so the records it finished are committed and
+	// acknowledged instead of the whole batch being lost to the timeout.
+	// Default inbox.DefaultDeadlineMargin.
 	DeadlineMargin time.Duration
 	// LogAggregateIDs adds message group ids (= aggregate ids, which may
 	// carry personal data) to log lines (FIFOBOX_LOG_AGGREGATE_IDS). Off by
@@ -63,15 +70,22 @@ type HandlerConfig struct {
 	Logger *slog.Logger
 	// OnBatch, if set, receives each batch's metrics.
 	OnBatch func(inbox.BatchMetrics)
+	// OnSettle, if set, is called after each record is settled (tests).
+	OnSettle func(inbox.Settlement)
 }
 
 // Handler is the SQS FIFO batch handler for a consumer Lambda (and for
-// Runner, its local stand-in): inbox.BatchHandler over SQS records, with
-// this queue's DLQ for what it dead-letters.
+// Runner, its local stand-in): the consumer engine every transport shares
+// (inbox.Engine) over SQS records, with this queue's DLQ for what it
+// dead-letters. A batch's records run on one lane, in one transaction with
+// a savepoint each, in the order SQS delivered them.
 type Handler struct {
-	b   *inbox.BatchHandler
+	e   *inbox.Engine
 	dlq DLQSender
 	cfg HandlerConfig
+
+	mu      sync.Mutex
+	batches map[*inbox.Record]*sqsBatch // the running Handle call of each record in hand
 }
 
 // NewHandler returns a Handler applying events with apply.
@@ -81,44 +95,142 @@ func NewHandler(db inbox.DB, dlq DLQSender, apply inbox.Apply, cfg HandlerConfig
 		return nil, errors.New("new inbox handler: dlq sender is nil")
 	case cfg.DLQURL == "":
 		return nil, errors.New("new inbox handler: DLQURL is required")
+	case cfg.MaxReceiveCount < 0 || cfg.MaxRetries < 0:
+		return nil, errors.New("new inbox handler: MaxReceiveCount and MaxRetries must not be negative")
 	}
-	b, err := inbox.NewBatchHandler(db, apply, inbox.BatchHandlerConfig{Consumer: cfg.Consumer, Order: cfg.Order,
-		MaxReceiveCount: cfg.MaxReceiveCount, DeadlineMargin: cfg.DeadlineMargin, LogAggregateIDs: cfg.LogAggregateIDs,
-		Logger: cfg.Logger, OnBatch: cfg.OnBatch})
+	if cfg.MaxRetries == 0 {
+		cfg.MaxRetries = cfg.MaxReceiveCount - 1
+		if cfg.MaxReceiveCount == 0 {
+			cfg.MaxRetries = 1 << 20 // SQS's redrive policy decides
+		}
+	}
+	h := &Handler{dlq: dlq, cfg: cfg, batches: map[*inbox.Record]*sqsBatch{}}
+	e, err := inbox.NewEngine(db, apply, inbox.EngineConfig{
+		ConsumerConfig: inbox.ConsumerConfig{Consumer: cfg.Consumer, Order: cfg.Order, MaxBatch: 10, DeadlineMargin: cfg.DeadlineMargin,
+			LogAggregateIDs: cfg.LogAggregateIDs, Logger: cfg.Logger, OnSettle: h.settled},
+		// One lane: a Lambda batch (at most 10) is one transaction, in order.
+		Lanes:      1,
+		MaxRetries: cfg.MaxRetries,
+		// SQS redelivers after the visibility timeout (the park's due time
+		// is only for operators: the FIFO group keeps the record's
+		// successors back).
+		RetryDelay:        func(int) time.Duration { return 30 * time.Second },
+		OrderedRedelivery: true,
+	})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("new inbox handler: %w", err)
 	}
-	return &Handler{b: b, dlq: dlq, cfg: cfg}, nil
+	h.e = e
+	return h, nil
+}
+
+// sqsBatch is one Handle call: its failures and metrics.
+type sqsBatch struct {
+	mu     sync.Mutex
+	failed []events.SQSBatchItemFailure
+	m      inbox.BatchMetrics
 }
 
 // Handle processes a batch in order and reports partial failures the way
-// Lambda's SQS FIFO event source needs them (inbox.BatchHandler.Handle):
-// once a record fails, it and every later record of the same message group
-// are reported failed without being run; permanent and invalid records, and
-// records failing on their last receive, go to the DLQ at once with the
-// reason; in strict order a dead-lettered record holds its group. The
+// Lambda's SQS FIFO event source needs them: applied and duplicate records
+// are deleted; a record that failed transiently is reported failed, and so
+// is every later record of its group (the FIFO group brings them back in
+// order); invalid and permanently failing records, records out of retries
+// (or failing on their last receive) go to the DLQ at once with the reason,
+// and in strict order hold their group (inbox_held): the group's later
+// records go to the DLQ behind them until a redrive. While the database is
+// unreachable the batch waits in place until DeadlineMargin before the
+// deadline and is then reported failed, with no failure counted. The
 // returned error is non-nil only if a record has no message id to report
-// (then Lambda retries the whole batch, which the inbox makes safe).
+// (then Lambda retries the whole batch, which the inbox makes safe) or one
+// could not be sent to the DLQ.
 func (h *Handler) Handle(ctx context.Context, ev events.SQSEvent) (events.SQSEventResponse, error) {
-	recs := make([]inbox.Record, len(ev.Records))
-	byID := make(map[string]*events.SQSMessage, len(ev.Records))
+	for _, r := range ev.Records {
+		if r.MessageId == "" {
+			return events.SQSEventResponse{}, errors.New("inbox: SQS record without a message id; failing the whole batch")
+		}
+	}
+	b := &sqsBatch{m: inbox.BatchMetrics{Consumer: h.cfg.Consumer, Records: len(ev.Records), Failures: map[string]int{}}}
+	recs := make([]*inbox.Record, len(ev.Records))
+	h.mu.Lock()
 	for i := range ev.Records {
 		r := &ev.Records[i]
 		n, _ := strconv.Atoi(r.Attributes["ApproximateReceiveCount"])
-		recs[i] = inbox.Record{ID: r.MessageId, Group: r.Attributes["MessageGroupId"], Body: []byte(r.Body), ReceiveCount: n}
-		byID[r.MessageId] = r
+		recs[i] = &inbox.Record{ID: r.MessageId, Group: r.Attributes["MessageGroupId"], Body: []byte(r.Body), Deliveries: n,
+			LastDelivery: h.cfg.MaxReceiveCount > 0 && n >= h.cfg.MaxReceiveCount, Handle: r}
+		h.batches[recs[i]] = b
 	}
-	failed, err := h.b.Handle(ctx, recs, func(ctx context.Context, rec inbox.Record, class, reason string) error {
-		return h.send(ctx, byID[rec.ID], rec.Group, class, reason)
-	})
+	h.mu.Unlock()
+	defer func() {
+		h.mu.Lock()
+		for _, r := range recs {
+			delete(h.batches, r)
+		}
+		h.mu.Unlock()
+	}()
+	err := h.e.Handle(ctx, sqsBroker{h: h, b: b}, recs)
+	if h.cfg.OnBatch != nil {
+		h.cfg.OnBatch(b.m)
+	}
 	if err != nil {
 		return events.SQSEventResponse{}, err
 	}
-	var resp events.SQSEventResponse
-	for _, id := range failed {
-		resp.BatchItemFailures = append(resp.BatchItemFailures, events.SQSBatchItemFailure{ItemIdentifier: id})
+	return events.SQSEventResponse{BatchItemFailures: b.failed}, nil
+}
+
+// settled adds a settlement to its batch's metrics.
+func (h *Handler) settled(s inbox.Settlement) {
+	h.mu.Lock()
+	b := h.batches[s.Record]
+	h.mu.Unlock()
+	if b != nil {
+		b.mu.Lock()
+		switch s.Action {
+		case inbox.ActionApplied:
+			b.m.Processed++
+		case inbox.ActionDuplicate:
+			b.m.Duplicates++
+		default:
+			b.m.Failures[s.Class]++
+		}
+		if !s.Envelope.OccurredAt.IsZero() {
+			b.m.MaxLag = max(b.m.MaxLag, time.Since(s.Envelope.OccurredAt))
+		}
+		b.mu.Unlock()
 	}
-	return resp, nil
+	if h.cfg.OnSettle != nil {
+		h.cfg.OnSettle(s)
+	}
+}
+
+// sqsBroker settles one Handle call's records: acknowledging is SQS's
+// (it deletes what is not reported failed), retrying is reporting failed,
+// dead-lettering is sending to the DLQ.
+type sqsBroker struct {
+	h *Handler
+	b *sqsBatch
+}
+
+func (sqsBroker) Ack(context.Context, *inbox.Record) error { return nil }
+
+func (s sqsBroker) Retry(_ context.Context, r *inbox.Record, _ inbox.Retry) error {
+	s.b.mu.Lock()
+	s.b.failed = append(s.b.failed, events.SQSBatchItemFailure{ItemIdentifier: r.ID})
+	s.b.mu.Unlock()
+	return nil
+}
+
+// DeadLetter sends r to the DLQ. If the DLQ refuses it, r is reported
+// failed instead and comes back: its hold, committed already, makes the
+// next receive dead-letter it again (the DLQ drops a copy by its message
+// id), and in strict order the group's later records go behind it.
+func (s sqsBroker) DeadLetter(ctx context.Context, r *inbox.Record, dl inbox.DeadLetter) error {
+	if err := s.h.send(ctx, r.Handle.(*events.SQSMessage), r.Group, dl.Class, dl.Reason); err != nil {
+		s.h.e.Config().Logger.Error("inbox: dead-letter failed; the record will be received again", "consumer", s.h.cfg.Consumer,
+			"message_id", r.ID, "class", dl.Class, "error", err.Error())
+		return s.Retry(ctx, r, inbox.Retry{})
+	}
+	return nil
 }
 
 // send puts r on the DLQ: same body and group, r's string attributes, and

@@ -110,7 +110,7 @@ func provisionConsumer(ctx context.Context, snsc SNSAPI, sqsc SQSAPI, topicARN s
 		return Queue{}, err
 	}
 	subRedrive, _ := json.Marshal(map[string]string{"deadLetterTargetArn": subDLQARN})
-	attrs := map[string]string{"RawMessageDelivery": "true", "RedrivePolicy": string(subRedrive)}
+	attrs := map[string]string{"RawMessageDelivery": strconv.FormatBool(c.RawDelivery()), "RedrivePolicy": string(subRedrive)}
 	if fp := c.FilterPolicy(); fp != "" {
 		attrs["FilterPolicy"] = fp
 		attrs["FilterPolicyScope"] = "MessageAttributes"

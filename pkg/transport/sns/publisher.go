@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -13,6 +14,9 @@ import (
 
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
+	"github.com/fifobox/fifobox/pkg/topology"
+	"github.com/fifobox/fifobox/pkg/transport"
+	"github.com/fifobox/fifobox/pkg/wire"
 )
 
 // PublisherConfig configures a Publisher.
@@ -23,11 +27,25 @@ type PublisherConfig struct {
 	MaxEntries int
 	// MaxBatchBytes per PublishBatch call, bodies plus attributes. Default 262,144, the SNS limit.
 	MaxBatchBytes int
+	// Wire, if set, publishes every event as this wire profile renders it
+	// (body, message attributes, group and deduplication ids) instead of
+	// fifobox's envelope (pkg/wire).
+	Wire *wire.Mapper
+	// Topology, if set, is what the topic's subscriptions select: an event
+	// no subscription's filter accepts is published (SNS takes it and
+	// delivers it nowhere) and reported as unrouted, the way the broker
+	// transports report theirs (transport.UnroutedDeliver).
+	Topology *topology.Topology
+	// Logger for the unrouted-event lines; default slog.Default().
+	Logger *slog.Logger
 }
 
 func (c *PublisherConfig) setDefaults() {
 	if c.MaxEntries == 0 {
 		c.MaxEntries = 10
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
 	}
 	if c.MaxBatchBytes == 0 {
 		c.MaxBatchBytes = envelope.DefaultMaxMessageBytes
@@ -82,6 +100,9 @@ var ErrPredecessorFailed = errors.New("sns publisher: an earlier message of the 
 // (the dispatcher never passes two, but the publisher does not rely on it).
 func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error {
 	errs := make([]error, len(msgs))
+	if p.cfg.Wire != nil {
+		msgs = p.render(msgs, errs)
+	}
 	// Waves: the k-th message of each group goes in wave k.
 	seen := map[string]int{}
 	var waves [][]int
@@ -97,6 +118,9 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error 
 	for _, wave := range waves {
 		var send []int
 		for _, i := range wave {
+			if errs[i] != nil {
+				continue
+			}
 			if failedGroup[msgs[i].GroupID] {
 				errs[i] = ErrPredecessorFailed
 				continue
@@ -109,6 +133,13 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error 
 		for _, i := range wave {
 			if errs[i] != nil {
 				failedGroup[msgs[i].GroupID] = true
+			}
+		}
+	}
+	if p.cfg.Topology != nil {
+		for i := range msgs {
+			if errs[i] == nil && p.cfg.Topology.Unselected(msgs[i].Attributes) {
+				transport.LogUnrouted(p.cfg.Logger, transport.SNS, transport.UnroutedDeliver, &msgs[i], "nowhere (no subscription's filter accepts it)")
 			}
 		}
 	}

@@ -1,9 +1,11 @@
 package sns_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +17,8 @@ import (
 
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
+	"github.com/fifobox/fifobox/pkg/topology"
+	"github.com/fifobox/fifobox/pkg/transport"
 	"github.com/fifobox/fifobox/pkg/transport/sns"
 )
 
@@ -210,5 +214,36 @@ func TestConfigValidation(t *testing.T) {
 		if _, err := sns.NewPublisher(&fakeSNS{}, cfg); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
+	}
+}
+
+// An event no subscription's filter accepts is published (SNS would take it
+// and deliver it nowhere) and reported as unrouted, one line per published
+// event, as the broker transports do; a selected or unpublished event is not.
+func TestUnselectedEventsAreReportedAsUnrouted(t *testing.T) {
+	var buf bytes.Buffer
+	topo := topology.Topology{Consumers: []topology.Consumer{
+		{Name: "shipping", Filter: map[string][]string{"event_type": {"order.paid"}}},
+	}}
+	api := &fakeSNS{entry: func(e types.PublishBatchRequestEntry) *types.BatchResultErrorEntry {
+		if aws.ToString(e.MessageGroupId) == "g-fails" {
+			return &types.BatchResultErrorEntry{Id: e.Id, Code: aws.String("InternalError"), SenderFault: false}
+		}
+		return nil
+	}}
+	p, err := sns.NewPublisher(api, sns.PublisherConfig{TopicARN: "arn:aws:sns:us-east-1:000000000000:t.fifo",
+		Topology: &topo, Logger: slog.New(slog.NewJSONHandler(&buf, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	paid, created, failing := msg("g-paid", 1, 10), msg("g-created", 1, 10), msg("g-fails", 1, 10)
+	paid.Attributes = map[string]string{"event_type": "order.paid", "aggregate_type": "order"}
+	errs := p.Publish(context.Background(), []outbox.Message{paid, created, failing})
+	if errs[0] != nil || errs[1] != nil || errs[2] == nil {
+		t.Fatalf("errs = %v, want nil, nil, an error", errs)
+	}
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 1 || !strings.Contains(lines[0], transport.UnroutedLogMessage) || !strings.Contains(lines[0], created.EventID) {
+		t.Fatalf("log = %q, want one unrouted line for %s only", buf.String(), created.EventID)
 	}
 }

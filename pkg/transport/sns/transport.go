@@ -18,6 +18,7 @@ import (
 	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/topology"
 	"github.com/fifobox/fifobox/pkg/transport"
+	"github.com/fifobox/fifobox/pkg/wire"
 )
 
 // The variables transport.Open reads for SNS/SQS.
@@ -49,8 +50,12 @@ var localEnv = envspec.Set{
 	{Name: "AWS_ENDPOINT_URL", Doc: "the emulator, LocalStack or Floci (localstack/env.sh sets it)"},
 }
 
+// OpenEnv is every variable transport.Open reads for SNS/SQS: Env and the
+// wire profile's (FIFOBOX_PROFILE).
+var OpenEnv = envspec.Join(Env, wire.Env)
+
 func init() {
-	transport.Register(transport.SNS, transport.Opener{Env: Env, Open: open})
+	transport.Register(transport.SNS, transport.Opener{Env: OpenEnv, Open: open})
 }
 
 // Local runs (make local) provision short visibility timeouts and retry
@@ -111,9 +116,16 @@ type Config struct {
 	// empty or 0: the topology's value for the consumer.
 	Order           string
 	MaxReceiveCount int
+	// MaxRetries is the consumer's retry budget: its failures, counted per
+	// event (HandlerConfig.MaxRetries). 0: MaxReceiveCount-1.
+	MaxRetries int
 	// LogAggregateIDs adds aggregate ids to consumers' log lines
 	// (FIFOBOX_LOG_AGGREGATE_IDS).
 	LogAggregateIDs bool
+	// Wire, if set, publishes every event as this wire profile renders it
+	// (FIFOBOX_PROFILE, pkg/wire), and the profile's sns section is the
+	// topology (its topic and subscriptions, raw or SNS-envelope delivery).
+	Wire *wire.Mapper
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 }
@@ -143,6 +155,9 @@ func ConfigFromEnv() (Config, error) {
 		}
 		c.LogAggregateIDs = b
 	}
+	if c.Wire, err = wire.MapperFromEnv(wire.TransportSNS); err != nil {
+		return c, err
+	}
 	return c, nil
 }
 
@@ -170,6 +185,10 @@ func New(cfg Config) (*Transport, error) {
 		return nil, errors.New("new sns transport: SNS and SQS clients are required")
 	case cfg.VisibilityTimeoutSeconds < 0 || cfg.RetryDelay < 0:
 		return nil, errors.New("new sns transport: VisibilityTimeoutSeconds and RetryDelay must not be negative")
+	}
+	if cfg.Topology == nil && cfg.Wire != nil {
+		t := cfg.Wire.Profile().SNS.Topology()
+		cfg.Topology = &t
 	}
 	if cfg.Topology == nil {
 		t := topology.Default()
@@ -210,7 +229,7 @@ func (t *Transport) Publisher() (transport.Publisher, error) {
 	if t.topicARN == "" {
 		return nil, fmt.Errorf("%s is required with %s=sns (the default): the SNS FIFO topic's ARN", EnvTopicARN, transport.EnvTransport)
 	}
-	p, err := NewPublisher(t.cfg.SNS, PublisherConfig{TopicARN: t.topicARN})
+	p, err := NewPublisher(t.cfg.SNS, PublisherConfig{TopicARN: t.topicARN, Wire: t.cfg.Wire, Topology: t.cfg.Topology, Logger: t.cfg.Logger})
 	if err != nil {
 		return nil, err
 	}
@@ -254,6 +273,16 @@ func (t *Transport) Operations() (transport.Operations, error) { return &Operati
 // function's handler fed by a local stand-in for Lambda's event source,
 // with the topology's order and maxReceiveCount for the consumer.
 func (t *Transport) Consumer(name string, db inbox.DB, apply inbox.Apply) (transport.Runner, error) {
+	r, err := t.ConsumerWith(name, db, apply, inbox.ConsumerConfig{})
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// ConsumerWith is Consumer with the caller's OnSettle, DeadlineMargin,
+// LogAggregateIDs and Logger (cc's other fields come from the topology).
+func (t *Transport) ConsumerWith(name string, db inbox.DB, apply inbox.Apply, cc inbox.ConsumerConfig) (*Runner, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	q, err := t.queues(ctx, name)
@@ -264,7 +293,12 @@ func (t *Transport) Consumer(name string, db inbox.DB, apply inbox.Apply) (trans
 	if err != nil {
 		return nil, fmt.Errorf("consumer %s: %w", name, err)
 	}
-	h, err := t.handler(name, q.DLQURL, db, apply, transport.LambdaConfig{LogAggregateIDs: t.cfg.LogAggregateIDs, Logger: t.cfg.Logger})
+	log := cc.Logger
+	if log == nil {
+		log = t.cfg.Logger
+	}
+	h, err := t.handler(name, q.DLQURL, db, apply, transport.LambdaConfig{LogAggregateIDs: t.cfg.LogAggregateIDs || cc.LogAggregateIDs,
+		Logger: log, DeadlineMargin: cc.DeadlineMargin}, cc.OnSettle)
 	if err != nil {
 		return nil, err
 	}
@@ -278,7 +312,7 @@ func (t *Transport) LambdaHandler(lc transport.LambdaConfig) (any, error) {
 	if t.cfg.DLQURL == "" {
 		return nil, fmt.Errorf("%s is required with %s=sns (the default)", EnvDLQURL, transport.EnvTransport)
 	}
-	h, err := t.handler(lc.Consumer, t.cfg.DLQURL, lc.DB, lc.Apply, lc)
+	h, err := t.handler(lc.Consumer, t.cfg.DLQURL, lc.DB, lc.Apply, lc, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -287,7 +321,7 @@ func (t *Transport) LambdaHandler(lc transport.LambdaConfig) (any, error) {
 
 // handler builds the SQS batch handler for consumer: order and
 // maxReceiveCount from the configuration, else the topology's.
-func (t *Transport) handler(consumer, dlqURL string, db inbox.DB, apply inbox.Apply, lc transport.LambdaConfig) (*Handler, error) {
+func (t *Transport) handler(consumer, dlqURL string, db inbox.DB, apply inbox.Apply, lc transport.LambdaConfig, onSettle func(inbox.Settlement)) (*Handler, error) {
 	order, maxReceive := t.cfg.Order, t.cfg.MaxReceiveCount
 	if tc, ok := t.cfg.Topology.Consumer(consumer); ok {
 		if order == "" {
@@ -305,8 +339,8 @@ func (t *Transport) handler(consumer, dlqURL string, db inbox.DB, apply inbox.Ap
 	if log == nil {
 		log = t.cfg.Logger
 	}
-	hc := HandlerConfig{Consumer: consumer, DLQURL: dlqURL, Order: o, MaxReceiveCount: maxReceive,
-		DeadlineMargin: lc.DeadlineMargin, LogAggregateIDs: lc.LogAggregateIDs || t.cfg.LogAggregateIDs, Logger: log}
+	hc := HandlerConfig{Consumer: consumer, DLQURL: dlqURL, Order: o, MaxReceiveCount: maxReceive, MaxRetries: t.cfg.MaxRetries,
+		DeadlineMargin: lc.DeadlineMargin, LogAggregateIDs: lc.LogAggregateIDs || t.cfg.LogAggregateIDs, Logger: log, OnSettle: onSettle}
 	if em := lc.Metrics; em != nil {
 		hc.OnBatch = func(m inbox.BatchMetrics) {
 			if err := em.InboxBatch(m); err != nil {

@@ -1,7 +1,7 @@
-// Package transporttest holds suites every transport runs against its real
-// broker: the same behaviour checked the same way on SNS/SQS, RabbitMQ and
-// NATS JetStream, with a Features-like harness saying what a broker can't.
 package transporttest
+
+// The dead-letter control suite (ExerciseDLQ): per-message operations on a
+// consumer's DLQ, the same on every transport.
 
 import (
 	"context"
@@ -42,11 +42,11 @@ func ExerciseDLQ(t *testing.T, newHarness func(t *testing.T) DLQHarness) {
 	t.Run("PeekTakesNothing", func(t *testing.T) {
 		t.Parallel()
 		h := newHarness(t)
-		a, b := events("a", 2), events("b", 1)
+		a, b := dlqEvents("a", 2), dlqEvents("b", 1)
 		h.Kill(t, []envelope.Envelope{a[0], b[0], a[1]})
-		waitDLQ(t, h, 3)
+		dlqWait(t, h, 3)
 		for i := range 2 { // twice: the first look leaves everything as it was
-			p, err := h.Ops.Peek(ctx(t), transport.PeekRequest{DLQSelection: transport.DLQSelection{Consumer: h.Consumer}, Limit: 100, Bodies: true})
+			p, err := h.Ops.Peek(dlqCtx(t), transport.PeekRequest{DLQSelection: transport.DLQSelection{Consumer: h.Consumer}, Limit: 100, Bodies: true})
 			if err != nil {
 				t.Fatalf("peek %d: %v", i, err)
 			}
@@ -54,7 +54,7 @@ func ExerciseDLQ(t *testing.T, newHarness func(t *testing.T) DLQHarness) {
 			if !h.WholeGroups {
 				want = []string{a[0].ID, b[0].ID} // each group's first
 			}
-			if got := keys(p.Messages); !sameOrderPerGroup(got, want, p.Messages) || len(got) < len(want) {
+			if got := dlqKeys(p.Messages); !dlqSameOrder(got, want, p.Messages) || len(got) < len(want) {
 				t.Fatalf("peek %d saw %v, want %v", i, got, want)
 			}
 			if p.Total != 3 || p.Complete != h.WholeGroups {
@@ -65,38 +65,38 @@ func ExerciseDLQ(t *testing.T, newHarness func(t *testing.T) DLQHarness) {
 				!strings.Contains(m.Body, a[0].ID) || m.DeadAt == nil {
 				t.Errorf("peek %d: first message %+v", i, m)
 			}
-			d := depth(t, h)
+			d := dlqDepth(t, h)
 			if d.DLQ != 3 || d.DLQInFlight > 0 {
 				t.Fatalf("after peek %d: DLQ %d, in flight %d: want 3 and none in flight", i, d.DLQ, d.DLQInFlight)
 			}
 		}
 		// One group's messages only.
-		p, err := h.Ops.Peek(ctx(t), transport.PeekRequest{DLQSelection: transport.DLQSelection{Consumer: h.Consumer, Groups: []string{"b"}}, Limit: 10})
+		p, err := h.Ops.Peek(dlqCtx(t), transport.PeekRequest{DLQSelection: transport.DLQSelection{Consumer: h.Consumer, Groups: []string{"b"}}, Limit: 10})
 		if err != nil || len(p.Messages) != 1 || p.Messages[0].Key != b[0].ID || p.Messages[0].Body != "" {
 			t.Fatalf("peek of group b: %+v %v", p.Messages, err)
 		}
-		redriveAll(t, h, 3)
-		wantQueue(t, h, a[0], b[0], a[1])
+		dlqRedriveAll(t, h, 3)
+		dlqWantQueue(t, h, a[0], b[0], a[1])
 	})
 
 	t.Run("DryRunCountsWhatTheRunDoes", func(t *testing.T) {
 		t.Parallel()
 		h := newHarness(t)
-		h.Kill(t, append(events("a", 2), events("b", 2)...))
-		waitDLQ(t, h, 4)
-		dry, err := h.Ops.Redrive(ctx(t), transport.RedriveRequest{Consumer: h.Consumer, Max: 100, DryRun: true})
+		h.Kill(t, append(dlqEvents("a", 2), dlqEvents("b", 2)...))
+		dlqWait(t, h, 4)
+		dry, err := h.Ops.Redrive(dlqCtx(t), transport.RedriveRequest{Consumer: h.Consumer, Max: 100, DryRun: true})
 		if err != nil || dry.Moved != 4 || !dry.Complete {
 			t.Fatalf("dry run %+v %v: want 4, exact", dry, err)
 		}
-		capped, err := h.Ops.Redrive(ctx(t), transport.RedriveRequest{Consumer: h.Consumer, Max: 3, DryRun: true})
+		capped, err := h.Ops.Redrive(dlqCtx(t), transport.RedriveRequest{Consumer: h.Consumer, Max: 3, DryRun: true})
 		if err != nil || capped.Moved != 3 {
 			t.Fatalf("dry run with max 3: %+v %v", capped, err)
 		}
-		if d := depth(t, h); d.DLQ != 4 {
+		if d := dlqDepth(t, h); d.DLQ != 4 {
 			t.Fatalf("dry runs moved messages: DLQ %d", d.DLQ)
 		}
 		var last int64
-		res, err := h.Ops.Redrive(ctx(t), transport.RedriveRequest{Consumer: h.Consumer, Max: 100, Progress: func(moved, total int64) {
+		res, err := h.Ops.Redrive(dlqCtx(t), transport.RedriveRequest{Consumer: h.Consumer, Max: 100, Progress: func(moved, total int64) {
 			if total >= 0 && moved > total {
 				t.Errorf("progress %d of %d", moved, total)
 			}
@@ -116,79 +116,79 @@ func ExerciseDLQ(t *testing.T, newHarness func(t *testing.T) DLQHarness) {
 	t.Run("DiscardOneMessageLeavesTheRestInOrder", func(t *testing.T) {
 		t.Parallel()
 		h := newHarness(t)
-		a, b := events("a", 3), events("b", 2)
+		a, b := dlqEvents("a", 3), dlqEvents("b", 2)
 		h.Kill(t, []envelope.Envelope{a[0], b[0], a[1], b[1], a[2]})
-		waitDLQ(t, h, 5)
+		dlqWait(t, h, 5)
 		sel := transport.DLQSelection{Consumer: h.Consumer, Keys: []string{a[0].ID}}
-		dry, err := h.Ops.Discard(ctx(t), transport.DiscardRequest{DLQSelection: sel, Max: 100, DryRun: true})
+		dry, err := h.Ops.Discard(dlqCtx(t), transport.DiscardRequest{DLQSelection: sel, Max: 100, DryRun: true})
 		if err != nil || len(dry.Discarded) != 1 || dry.Discarded[0].Key != a[0].ID || len(dry.Missing) != 0 {
 			t.Fatalf("dry run %+v %v", dry, err)
 		}
-		if d := depth(t, h); d.DLQ != 5 || d.DLQInFlight > 0 {
+		if d := dlqDepth(t, h); d.DLQ != 5 || d.DLQInFlight > 0 {
 			t.Fatalf("dry run changed the DLQ: %+v", d)
 		}
-		res, err := h.Ops.Discard(ctx(t), transport.DiscardRequest{DLQSelection: sel, Max: 100})
+		res, err := h.Ops.Discard(dlqCtx(t), transport.DiscardRequest{DLQSelection: sel, Max: 100})
 		if err != nil || len(res.Discarded) != 1 || res.Discarded[0].Key != a[0].ID {
 			t.Fatalf("discard %+v %v", res, err)
 		}
-		if d := depth(t, h); d.DLQ != 4 || d.DLQInFlight > 0 {
+		if d := dlqDepth(t, h); d.DLQ != 4 || d.DLQInFlight > 0 {
 			t.Fatalf("after discarding one: %+v, want 4 left, none in flight", d)
 		}
-		gone, err := h.Ops.Discard(ctx(t), transport.DiscardRequest{DLQSelection: sel, Max: 100})
+		gone, err := h.Ops.Discard(dlqCtx(t), transport.DiscardRequest{DLQSelection: sel, Max: 100})
 		if err != nil || len(gone.Discarded) != 0 || !slices.Equal(gone.Missing, []string{a[0].ID}) {
 			t.Fatalf("discarding it again: %+v %v, want it missing", gone, err)
 		}
-		redriveAll(t, h, 4)
-		wantQueue(t, h, b[0], a[1], b[1], a[2])
+		dlqRedriveAll(t, h, 4)
+		dlqWantQueue(t, h, b[0], a[1], b[1], a[2])
 	})
 
 	t.Run("DiscardAGroup", func(t *testing.T) {
 		t.Parallel()
 		h := newHarness(t)
-		a, b := events("a", 2), events("b", 2)
+		a, b := dlqEvents("a", 2), dlqEvents("b", 2)
 		h.Kill(t, []envelope.Envelope{a[0], b[0], a[1], b[1]})
-		waitDLQ(t, h, 4)
-		res, err := h.Ops.Discard(ctx(t), transport.DiscardRequest{DLQSelection: transport.DLQSelection{Consumer: h.Consumer, Groups: []string{"a"}}, Max: 100})
-		if err != nil || !slices.Equal(keys(res.Discarded), []string{a[0].ID, a[1].ID}) {
-			t.Fatalf("discard group a: %v %v", keys(res.Discarded), err)
+		dlqWait(t, h, 4)
+		res, err := h.Ops.Discard(dlqCtx(t), transport.DiscardRequest{DLQSelection: transport.DLQSelection{Consumer: h.Consumer, Groups: []string{"a"}}, Max: 100})
+		if err != nil || !slices.Equal(dlqKeys(res.Discarded), []string{a[0].ID, a[1].ID}) {
+			t.Fatalf("discard group a: %v %v", dlqKeys(res.Discarded), err)
 		}
-		redriveAll(t, h, 2)
-		wantQueue(t, h, b[0], b[1])
+		dlqRedriveAll(t, h, 2)
+		dlqWantQueue(t, h, b[0], b[1])
 	})
 
 	t.Run("RedriveOneGroup", func(t *testing.T) {
 		t.Parallel()
 		h := newHarness(t)
-		a, b := events("a", 2), events("b", 2)
+		a, b := dlqEvents("a", 2), dlqEvents("b", 2)
 		h.Kill(t, []envelope.Envelope{b[0], a[0], b[1], a[1]})
-		waitDLQ(t, h, 4)
+		dlqWait(t, h, 4)
 		req := transport.RedriveRequest{Consumer: h.Consumer, Max: 100, Aggregates: []string{"thing/a"}, DryRun: true}
-		dry, err := h.Ops.Redrive(ctx(t), req)
+		dry, err := h.Ops.Redrive(dlqCtx(t), req)
 		if err != nil || (h.WholeGroups && (dry.Moved != 2 || !dry.Complete)) || (!h.WholeGroups && dry.Moved < 1) {
 			t.Fatalf("dry run of group a: %+v %v", dry, err)
 		}
 		req.DryRun = false
-		res, err := h.Ops.Redrive(ctx(t), req)
+		res, err := h.Ops.Redrive(dlqCtx(t), req)
 		if err != nil || res.Moved != 2 {
 			t.Fatalf("redrive of group a: %+v %v", res, err)
 		}
-		wantQueue(t, h, a[0], a[1])
-		if d := depth(t, h); d.DLQ != 2 || d.DLQInFlight > 0 {
+		dlqWantQueue(t, h, a[0], a[1])
+		if d := dlqDepth(t, h); d.DLQ != 2 || d.DLQInFlight > 0 {
 			t.Fatalf("after redriving group a: %+v, want b's 2 left, none in flight", d)
 		}
-		redriveAll(t, h, 2)
-		wantQueue(t, h, b[0], b[1])
+		dlqRedriveAll(t, h, 2)
+		dlqWantQueue(t, h, b[0], b[1])
 	})
 }
 
-func ctx(t *testing.T) context.Context {
+func dlqCtx(t *testing.T) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
 	return c
 }
 
 // events are n events of aggregate thing/agg, sequences 1..n.
-func events(agg string, n int) []envelope.Envelope {
+func dlqEvents(agg string, n int) []envelope.Envelope {
 	out := make([]envelope.Envelope, n)
 	for i := range out {
 		id, _ := uuid.NewV7()
@@ -198,7 +198,7 @@ func events(agg string, n int) []envelope.Envelope {
 	return out
 }
 
-func keys(ms []transport.DLQMessage) []string {
+func dlqKeys(ms []transport.DLQMessage) []string {
 	out := make([]string, len(ms))
 	for i, m := range ms {
 		out[i] = m.Key
@@ -207,7 +207,7 @@ func keys(ms []transport.DLQMessage) []string {
 }
 
 // sameOrderPerGroup: got holds want's messages, each group in want's order.
-func sameOrderPerGroup(got, want []string, ms []transport.DLQMessage) bool {
+func dlqSameOrder(got, want []string, ms []transport.DLQMessage) bool {
 	for _, w := range want {
 		if !slices.Contains(got, w) {
 			return false
@@ -231,40 +231,40 @@ func sameOrderPerGroup(got, want []string, ms []transport.DLQMessage) bool {
 	return true
 }
 
-func depth(t *testing.T, h DLQHarness) transport.QueueDepth {
+func dlqDepth(t *testing.T, h DLQHarness) transport.QueueDepth {
 	t.Helper()
-	d, err := h.Ops.Depths(ctx(t), h.Consumer)
+	d, err := h.Ops.Depths(dlqCtx(t), h.Consumer)
 	if err != nil || len(d) != 1 || d[0].Error != "" {
 		t.Fatalf("depths %+v %v", d, err)
 	}
 	return d[0]
 }
 
-func waitDLQ(t *testing.T, h DLQHarness, n int64) {
+func dlqWait(t *testing.T, h DLQHarness, n int64) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
-	for depth(t, h).DLQ != n {
+	for dlqDepth(t, h).DLQ != n {
 		if time.Now().After(deadline) {
-			t.Fatalf("the DLQ never held %d: %+v", n, depth(t, h))
+			t.Fatalf("the DLQ never held %d: %+v", n, dlqDepth(t, h))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 }
 
-func redriveAll(t *testing.T, h DLQHarness, n int) {
+func dlqRedriveAll(t *testing.T, h DLQHarness, n int) {
 	t.Helper()
-	res, err := h.Ops.Redrive(ctx(t), transport.RedriveRequest{Consumer: h.Consumer, Max: 100})
+	res, err := h.Ops.Redrive(dlqCtx(t), transport.RedriveRequest{Consumer: h.Consumer, Max: 100})
 	if err != nil || res.Moved != n {
 		t.Fatalf("redrive %+v %v, want %d moved", res, err, n)
 	}
-	if d := depth(t, h); d.DLQ != 0 {
+	if d := dlqDepth(t, h); d.DLQ != 0 {
 		t.Fatalf("after the redrive the DLQ holds %d", d.DLQ)
 	}
 }
 
 // wantQueue checks the consumer's queue holds exactly want, each group in
 // order (groups may interleave as the broker likes).
-func wantQueue(t *testing.T, h DLQHarness, want ...envelope.Envelope) {
+func dlqWantQueue(t *testing.T, h DLQHarness, want ...envelope.Envelope) {
 	t.Helper()
 	var got []envelope.Envelope
 	deadline := time.Now().Add(30 * time.Second)

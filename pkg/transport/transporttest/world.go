@@ -1,0 +1,458 @@
+package transporttest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"os"
+	"os/signal"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fifobox/fifobox/internal/pgtest"
+	"github.com/fifobox/fifobox/pkg/envelope"
+	"github.com/fifobox/fifobox/pkg/inbox"
+	"github.com/fifobox/fifobox/pkg/outbox"
+	"github.com/fifobox/fifobox/pkg/transport"
+)
+
+// The suite's tables: what each consumer applied (written in the inbox
+// transaction, so a row exists if and only if the event was applied) and
+// which events the side effect fails.
+const schema = `
+CREATE TABLE applied (n bigserial PRIMARY KEY, consumer text NOT NULL, event_id uuid NOT NULL,
+    aggregate_id text NOT NULL, seq bigint NOT NULL);
+CREATE TABLE fail_plan (event_id uuid PRIMARY KEY, remaining int NOT NULL, permanent boolean NOT NULL DEFAULT false)`
+
+// world is one test's database, deployment and consumers.
+type world struct {
+	t   *testing.T
+	h   Harness
+	dep Deployment
+	db  *pgtest.DB
+	// planDB reads the fail plan on connections of its own: a side effect
+	// waiting for a second connection of the inbox's pool could wait for
+	// ever with every lane holding one.
+	planDB *pgxpool.Pool
+
+	mu      sync.Mutex
+	settled []inbox.Settlement
+}
+
+func newWorld(t *testing.T, h Harness, opts Options) *world {
+	t.Helper()
+	opts.defaults()
+	w := &world{t: t, h: h, db: pgtest.New(t)}
+	if _, err := w.db.Pool.Exec(context.Background(), schema); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgxpool.ParseConfig(w.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	cfg.MaxConns = 2
+	if w.planDB, err = pgxpool.NewWithConfig(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.planDB.Close)
+	w.dep = h.New(t, opts)
+	return w
+}
+
+// sideEffect records e as applied by consumer, after sleeping delay, and
+// fails it as fail_plan says: permanently, or transiently while its
+// remaining count lasts (counted down outside the inbox transaction, so
+// the count survives the rollback of the failed attempt). plan nil: no plan.
+func sideEffect(consumer string, delay time.Duration, plan *pgxpool.Pool) inbox.Apply {
+	return func(ctx context.Context, tx pgx.Tx, e envelope.Envelope) error {
+		if delay > 0 {
+			time.Sleep(delay)
+		}
+		if plan != nil {
+			var permanent bool
+			err := plan.QueryRow(ctx, `UPDATE fail_plan SET remaining = remaining - 1 WHERE event_id = $1 AND (remaining > 0 OR permanent)
+RETURNING permanent`, e.ID).Scan(&permanent)
+			switch {
+			case err == nil && permanent:
+				return envelope.Permanent(fmt.Errorf("event %d of %s rejected (planned)", e.Sequence, e.AggregateID))
+			case err == nil:
+				return fmt.Errorf("event %d of %s failed (planned)", e.Sequence, e.AggregateID)
+			case err != pgx.ErrNoRows:
+				return fmt.Errorf("read the fail plan: %w", err)
+			}
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO applied (consumer, event_id, aggregate_id, seq) VALUES ($1, $2, $3, $4)`,
+			consumer, e.ID, e.AggregateID, e.Sequence)
+		return err
+	}
+}
+
+// plan makes the side effect fail e: times transient failures, or for
+// ever with a permanent error if times < 0.
+func (w *world) plan(e envelope.Envelope, times int) {
+	w.t.Helper()
+	if _, err := w.db.Pool.Exec(context.Background(), `INSERT INTO fail_plan (event_id, remaining, permanent) VALUES ($1, $2, $3)
+ON CONFLICT (event_id) DO UPDATE SET remaining = EXCLUDED.remaining, permanent = EXCLUDED.permanent`, e.ID, max(times, 0), times < 0); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+// fix removes every planned failure.
+func (w *world) fix() {
+	w.t.Helper()
+	if _, err := w.db.Pool.Exec(context.Background(), `DELETE FROM fail_plan`); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+// consumerConfig is cc with the world's OnSettle recorder.
+func (w *world) consumerConfig(cc inbox.ConsumerConfig) inbox.ConsumerConfig {
+	next := cc.OnSettle
+	cc.OnSettle = func(s inbox.Settlement) {
+		w.mu.Lock()
+		w.settled = append(w.settled, s)
+		w.mu.Unlock()
+		if next != nil {
+			next(s)
+		}
+	}
+	return cc
+}
+
+// start runs the deployment's Runner for consumer over db until the test
+// ends (or the returned stop is called), applying with delay and the plan.
+func (w *world) start(consumer string, db inbox.DB, delay time.Duration, cc inbox.ConsumerConfig) (stop func()) {
+	w.t.Helper()
+	cc.Consumer = consumer
+	r, err := w.dep.Runner(consumer, db, sideEffect(consumer, delay, w.planDB), w.consumerConfig(cc))
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = r.Run(ctx) }()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	w.t.Cleanup(stop)
+	return stop
+}
+
+// settlements returns the recorded settlements that match.
+func (w *world) settlements(match func(inbox.Settlement) bool) []inbox.Settlement {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []inbox.Settlement
+	for _, s := range w.settled {
+		if match(s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// events returns n events of aggregate agg, sequences from..from+n-1.
+func events(agg string, from int64, n int) []envelope.Envelope {
+	out := make([]envelope.Envelope, n)
+	for i := range out {
+		id, _ := uuid.NewV7()
+		seq := from + int64(i)
+		out[i] = envelope.Envelope{ID: id.String(), Type: "thing.changed", OccurredAt: time.Now().UTC(), AggregateType: "thing",
+			AggregateID: agg, Sequence: seq, TenantID: "acme", SchemaVersion: 1, Payload: json.RawMessage(fmt.Sprintf(`{"seq":%d}`, seq))}
+	}
+	return out
+}
+
+// interleave merges per-aggregate event lists round-robin (each list keeps
+// its order), as concurrent producers would commit them.
+func interleave(lists ...[]envelope.Envelope) []envelope.Envelope {
+	var out []envelope.Envelope
+	for i := 0; ; i++ {
+		added := false
+		for _, l := range lists {
+			if i < len(l) {
+				out = append(out, l[i])
+				added = true
+			}
+		}
+		if !added {
+			return out
+		}
+	}
+}
+
+// Message is e as the dispatcher hands it to a publisher.
+func Message(e envelope.Envelope) outbox.Message {
+	body, err := e.Encode()
+	if err != nil {
+		panic(err)
+	}
+	return outbox.Message{EventID: e.ID, GroupID: e.AggregateID, AggregateType: e.AggregateType,
+		Sequence: e.Sequence, EventType: e.Type, Body: body, Attributes: e.Attributes(), Attempt: 1}
+}
+
+// publish sends evs through the deployment's publisher as the dispatcher
+// would: calls of at most 10 messages, never two of one aggregate in a
+// call, an aggregate's next event only after the previous one was
+// acknowledged. A failed publish is retried (the broker connection may be
+// being cut).
+func (w *world) publish(evs ...envelope.Envelope) {
+	w.t.Helper()
+	ctx := context.Background()
+	pub := w.dep.Publisher()
+	for len(evs) > 0 {
+		var batch []outbox.Message
+		var rest []envelope.Envelope
+		inBatch := map[string]bool{}
+		for _, e := range evs {
+			if len(batch) < 10 && !inBatch[e.AggregateID] {
+				inBatch[e.AggregateID] = true
+				batch = append(batch, Message(e))
+			} else {
+				inBatch[e.AggregateID] = true // later events of it wait for the next call
+				rest = append(rest, e)
+			}
+		}
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			var failed []outbox.Message
+			var lastErr error
+			for i, err := range pub.Publish(ctx, batch) {
+				if err != nil {
+					failed, lastErr = append(failed, batch[i]), err
+				}
+			}
+			if len(failed) == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				w.t.Fatalf("publish: %v", lastErr)
+			}
+			batch = failed
+			time.Sleep(100 * time.Millisecond)
+		}
+		evs = rest
+	}
+}
+
+type appliedRow struct {
+	consumer, eventID, agg string
+	seq                    int64
+}
+
+func (w *world) applied() []appliedRow {
+	w.t.Helper()
+	rows, err := w.db.Pool.Query(context.Background(), `SELECT consumer, event_id::text, aggregate_id, seq FROM applied ORDER BY n`)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (appliedRow, error) {
+		var a appliedRow
+		return a, r.Scan(&a.consumer, &a.eventID, &a.agg, &a.seq)
+	})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return out
+}
+
+// seqs is the order in which consumer applied agg's events.
+func (w *world) seqs(consumer, agg string) []int64 {
+	var out []int64
+	for _, r := range w.applied() {
+		if r.consumer == consumer && r.agg == agg {
+			out = append(out, r.seq)
+		}
+	}
+	return out
+}
+
+func (w *world) count(q string, args ...any) int {
+	w.t.Helper()
+	var n int
+	if err := w.db.Pool.QueryRow(context.Background(), q, args...).Scan(&n); err != nil {
+		w.t.Fatal(err)
+	}
+	return n
+}
+
+// eventually polls cond every 50ms until it holds or timeout passes.
+func (w *world) eventually(timeout time.Duration, what string, cond func() bool) {
+	w.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			w.t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// waitApplied waits until consumer applied n events.
+func (w *world) waitApplied(consumer string, n int, timeout time.Duration) {
+	w.t.Helper()
+	w.eventually(timeout, fmt.Sprintf("%s to apply %d events", consumer, n), func() bool {
+		return w.count(`SELECT count(*) FROM applied WHERE consumer = $1`, consumer) >= n
+	})
+}
+
+// checkOnceInOrder checks that consumer applied exactly evs, each once, and
+// every aggregate's events in sequence order.
+func (w *world) checkOnceInOrder(consumer string, evs []envelope.Envelope) {
+	w.t.Helper()
+	want := map[string]bool{}
+	for _, e := range evs {
+		want[e.ID] = true
+	}
+	seen := map[string]bool{}
+	last := map[string]int64{}
+	n := 0
+	for _, r := range w.applied() {
+		if r.consumer != consumer {
+			continue
+		}
+		n++
+		if seen[r.eventID] {
+			w.t.Errorf("%s applied event %s (%s/%d) twice", consumer, r.eventID, r.agg, r.seq)
+		}
+		seen[r.eventID] = true
+		if !want[r.eventID] {
+			w.t.Errorf("%s applied %s, which was not published to it", consumer, r.eventID)
+		}
+		if r.seq <= last[r.agg] {
+			w.t.Errorf("%s applied %s/%d after %s/%d", consumer, r.agg, r.seq, r.agg, last[r.agg])
+		}
+		last[r.agg] = r.seq
+	}
+	if n != len(evs) {
+		w.t.Errorf("%s applied %d events, want %d", consumer, n, len(evs))
+	}
+}
+
+// depth is consumer's queue figures.
+func (w *world) depth(consumer string) transport.QueueDepth {
+	w.t.Helper()
+	ds, err := w.dep.Operations().Depths(context.Background(), consumer)
+	if err != nil || len(ds) != 1 {
+		w.t.Fatalf("depths of %s: %v %v", consumer, ds, err)
+	}
+	return ds[0]
+}
+
+// proxiedPool is a pool on the world's schema whose connections go
+// through a Proxy the test can cut (the machine's PostgreSQL is never
+// stopped).
+func (w *world) proxiedPool() (*pgxpool.Pool, *Proxy) {
+	w.t.Helper()
+	u, err := url.Parse(w.db.URL)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	px := NewProxy(w.t, u.Host)
+	u.Host = px.Addr()
+	cfg, err := pgxpool.ParseConfig(u.String())
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	cfg.MaxConns = 6
+	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.t.Cleanup(pool.Close)
+	return pool, px
+}
+
+// runChild is a consumer process for the kill test: the deployment from
+// the environment, a pool of its own, the suite's side effect; it runs
+// until it is killed (or SIGTERM).
+func runChild(h Harness) error {
+	dep, err := h.Rebuild(os.Getenv(envSpec))
+	if err != nil {
+		return fmt.Errorf("rebuild the deployment: %w", err)
+	}
+	cfg, err := pgxpool.ParseConfig(os.Getenv(envDB))
+	if err != nil {
+		return err
+	}
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	cfg.MaxConns = 6 // a lane holds one for its batch
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	// The fail plan is read on connections of its own: a side effect that
+	// waits for a second connection of the inbox's pool could wait for ever.
+	pcfg := cfg.Copy()
+	pcfg.MaxConns = 2
+	plan, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	if err != nil {
+		return err
+	}
+	defer plan.Close()
+	delay, _ := strconv.Atoi(os.Getenv(envDelay))
+	consumer := os.Getenv(envConsumer)
+	r, err := dep.Runner(consumer, pool, sideEffect(consumer, time.Duration(delay)*time.Millisecond, plan), inbox.ConsumerConfig{Consumer: consumer})
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	return r.Run(ctx)
+}
+
+// countingDB is the inbox database with its transactions counted and its
+// first failCommits commits failed (rolled back instead).
+type countingDB struct {
+	*pgxpool.Pool
+	mu                    sync.Mutex
+	begins, commits, fail int
+}
+
+func (c *countingDB) Begin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := c.Pool.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	c.begins++
+	c.mu.Unlock()
+	return &countingTx{Tx: tx, db: c}, nil
+}
+
+func (c *countingDB) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return c.Pool.Exec(ctx, sql, args...)
+}
+
+func (c *countingDB) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	return c.Pool.SendBatch(ctx, b)
+}
+
+type countingTx struct {
+	pgx.Tx
+	db *countingDB
+}
+
+func (t *countingTx) Commit(ctx context.Context) error {
+	t.db.mu.Lock()
+	t.db.commits++
+	failing := t.db.commits <= t.db.fail
+	t.db.mu.Unlock()
+	if failing {
+		_ = t.Tx.Rollback(ctx)
+		return fmt.Errorf("injected commit failure")
+	}
+	return t.Tx.Commit(ctx)
+}
