@@ -6,12 +6,12 @@ GO    ?= go
 export CDK_DISABLE_CLI_TELEMETRY := true
 FUNCTIONS := dispatcher consumer redrive
 
-.PHONY: help local test test-go test-containers test-infra bench fuzz vet migrate build synth deploy deploy-local emulator-up emulator-down clean
+.PHONY: help local test test-go test-containers test-infra bench fuzz vet migrate build synth deploy deploy-local emulator-up emulator-down docs clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-local: ## run the pipeline end to end on this machine (Ctrl-C stops it)
+local: ## run the pipeline end to end on this machine; it stays up until Ctrl-C (ARGS=-exit-when-drained stops after the demo)
 	./scripts/local.sh $(ARGS)
 
 test: ## every test: PostgreSQL, emulator and CDK included (what CI runs)
@@ -51,6 +51,12 @@ deploy: build ## cdk deploy to the AWS account in your environment
 
 deploy-local: build ## cdklocal deploy of the local variant to LocalStack/Floci
 	./infra/scripts/deploy-local.sh
+
+docs: ## refresh the documented outputs (docs/testdata, and the blocks in README.md and docs/) from what the code prints now
+	./scripts/ensure-postgres.sh
+	./localstack/emulator.sh status >/dev/null 2>&1 || ./localstack/emulator.sh start
+	source ./localstack/env.sh && FIFOBOX_UPDATE_DOCS=1 $(GO) test -count=1 -run 'TestDocOutputs' ./docs/
+	@git status --short README.md docs
 
 emulator-up: ## install (first time) and start the SNS/SQS emulator on 127.0.0.1:4566
 	./localstack/emulator.sh start

@@ -26,11 +26,22 @@ func Up(ctx context.Context, pool *pgxpool.Pool) error {
 	return UpTo(ctx, pool, goose.MaxVersion)
 }
 
+// UpReport is Up, returning the files it applied, in order (none when the
+// schema was current): what `fifobox migrate` reports.
+func UpReport(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
+	return upTo(ctx, pool, goose.MaxVersion)
+}
+
 // UpTo is Up stopping at version (upgrade tests start from an older schema).
 func UpTo(ctx context.Context, pool *pgxpool.Pool, version int64) error {
+	_, err := upTo(ctx, pool, version)
+	return err
+}
+
+func upTo(ctx context.Context, pool *pgxpool.Pool, version int64) ([]string, error) {
 	var schema string
 	if err := pool.QueryRow(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
-		return fmt.Errorf("migrate: read current schema: %w", err)
+		return nil, fmt.Errorf("migrate: read current schema: %w", err)
 	}
 	h := fnv.New64a()
 	h.Write([]byte("fifobox-migrate:" + schema))
@@ -39,7 +50,7 @@ func UpTo(ctx context.Context, pool *pgxpool.Pool, version int64) error {
 		lock.WithLockTimeout(1, 300), // retry every second for up to 5 minutes
 	)
 	if err != nil {
-		return fmt.Errorf("migrate: locker: %w", err)
+		return nil, fmt.Errorf("migrate: locker: %w", err)
 	}
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
@@ -48,16 +59,18 @@ func UpTo(ctx context.Context, pool *pgxpool.Pool, version int64) error {
 		goose.WithTableName("fifobox_schema_version"),
 	)
 	if err != nil {
-		return fmt.Errorf("migrate: %w", err)
+		return nil, fmt.Errorf("migrate: %w", err)
 	}
 	results, err := p.UpTo(ctx, version)
 	if err != nil {
-		return fmt.Errorf("migrate: %w", err)
+		return nil, fmt.Errorf("migrate: %w", err)
 	}
+	applied := make([]string, 0, len(results))
 	for _, r := range results {
 		slog.InfoContext(ctx, "migration applied", "version", r.Source.Version, "file", r.Source.Path, "duration_ms", r.Duration.Milliseconds())
+		applied = append(applied, r.Source.Path)
 	}
-	return nil
+	return applied, nil
 }
 
 // DownTo rolls the schema back to version (the Down sections, newest first).

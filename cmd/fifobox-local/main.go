@@ -2,7 +2,9 @@
 // and the transport FIFOBOX_TRANSPORT names: the SNS/SQS emulator by default
 // (or LocalStack/Floci via AWS_ENDPOINT_URL), RabbitMQ or NATS JetStream:
 // migrate, create the topology, run the dispatcher and a demo producer, and
-// show events arriving in order at every consumer. `make local` runs it.
+// show events arriving in order at every consumer. `make local` runs it; the
+// pipeline stays up after the demo until Ctrl-C (-exit-when-drained stops
+// it once every event was applied, as the tests and CI want).
 package main
 
 import (
@@ -44,6 +46,7 @@ func main() {
 	rate := flag.Int("rate", 200, "business transactions per second")
 	period := flag.Duration("schedule", 10*time.Second, "how often the local scheduler invokes the dispatcher handler")
 	metricsPath := flag.String("metrics-log", ".data/metrics.emf.jsonl", "file for the functions' EMF metric lines")
+	exit := flag.Bool("exit-when-drained", false, "stop once every event was applied (tests, CI); by default the pipeline stays up until Ctrl-C")
 	flag.Parse()
 
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -52,7 +55,7 @@ func main() {
 	defer stop()
 	fi, _ := os.Stdout.Stat()
 	opts := options{dbURL: *dbURL, orders: *orders, rate: *rate, period: *period, metricsPath: *metricsPath,
-		out: os.Stdout, interactive: fi != nil && fi.Mode()&os.ModeCharDevice != 0}
+		out: os.Stdout, interactive: fi != nil && fi.Mode()&os.ModeCharDevice != 0, stayUp: !*exit}
 	if err := run(ctx, opts, log); err != nil {
 		fmt.Fprintln(os.Stderr, "fifobox-local:", err)
 		os.Exit(1)
@@ -67,6 +70,7 @@ type options struct {
 	metricsPath  string
 	out          io.Writer
 	interactive  bool // redraw the progress line in place (a terminal)
+	stayUp       bool // keep running after the demo drained, until Ctrl-C
 }
 
 // run is the demo through whichever transport FIFOBOX_TRANSPORT names: its
@@ -141,7 +145,7 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 	fmt.Fprintf(o.out, "functions: dispatcher handler invoked every %s (deadline %s); consumers: %s runners (inbox + read model)\n",
 		o.period, o.period+5*time.Second, t.Kind())
 	fmt.Fprintf(o.out, "metrics: EMF lines in %s\n\n", o.metricsPath)
-	return localdemo.Run(ctx, localdemo.Config{Orders: o.orders, Rate: o.rate, SchedulePeriod: o.period, Out: o.out, Interactive: o.interactive},
+	return localdemo.Run(ctx, localdemo.Config{Orders: o.orders, Rate: o.rate, SchedulePeriod: o.period, Out: o.out, Interactive: o.interactive, StayUp: o.stayUp},
 		localdemo.Deps{Pool: pool, Published: &published, Log: log, Topology: topo,
 			Dispatch: func(ctx context.Context) (dispatcher.Result, error) { return dh.Handle(ctx, nil) },
 			Runner: func(name string, obs localdemo.Observed) (transport.Runner, error) {

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +21,8 @@ import (
 
 	"github.com/fifobox/fifobox/internal/emulatortest"
 	"github.com/fifobox/fifobox/internal/pgtest"
+	"github.com/fifobox/fifobox/pkg/envelope"
+	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/transport/amqp/amqptest"
 	"github.com/fifobox/fifobox/pkg/transport/nats"
 )
@@ -178,5 +182,77 @@ func TestLocalDemoInterrupted(t *testing.T) {
 	}
 	if rows != events || created != wantOrders || shipped != wantShipped {
 		t.Errorf("outbox holds %d events (%d created, %d shipped); the summary counted %d (%d, %d)", rows, created, shipped, events, wantOrders, wantShipped)
+	}
+}
+
+// lockedBuffer is a buffer the demo writes while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// make local's default: after the demo drained, the pipeline stays up (an
+// event written meanwhile is published and applied, and a line says so)
+// until Ctrl-C, and then stops cleanly.
+func TestLocalDemoStaysUpUntilCtrlC(t *testing.T) {
+	o, _, db := demoOptions(t, 10, 200)
+	out := &lockedBuffer{}
+	o.out, o.stayUp = out, true
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, o, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
+	wait := func(what string, cond func(string) bool) {
+		t.Helper()
+		deadline := time.Now().Add(90 * time.Second)
+		for !cond(out.String()) {
+			if time.Now().After(deadline) {
+				cancel()
+				t.Fatalf("never %s:\n%s", what, out)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	wait("stayed up", func(s string) bool { return strings.Contains(s, "the pipeline stays up") })
+	select {
+	case err := <-done:
+		t.Fatalf("run returned after the demo (%v) instead of staying up:\n%s", err, out)
+	default:
+	}
+	e, err := envelope.New("order.created", "order", "order-late", map[string]string{"order_id": "order-late"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pgx.BeginFunc(context.Background(), db.Pool, func(tx pgx.Tx) error { return outbox.Enqueue(context.Background(), tx, e) }); err != nil {
+		t.Fatal(err)
+	}
+	wait("applied the late event", func(string) bool {
+		var n int
+		_ = db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM orders_read_model WHERE order_id = 'order-late'`).Scan(&n)
+		return n == 1
+	})
+	wait("printed an up line", func(s string) bool { return strings.Contains(s, "\nup | ") })
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run after Ctrl-C: %v\n%s", err, out)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("did not stop after Ctrl-C")
+	}
+	if !strings.HasSuffix(out.String(), "stopped\n") {
+		t.Errorf("no stopped line:\n%s", out)
 	}
 }

@@ -54,7 +54,7 @@ func setup(ctx context.Context, log *slog.Logger) (*handler.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	rc := redrive.Config{Logger: log}
+	rc := redrive.Config{Logger: log, Transport: string(t.Kind())}
 	if rc.Operations, err = t.Operations(); err != nil {
 		return nil, err
 	}

@@ -9,6 +9,14 @@
 set -euo pipefail
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# Say plainly what is missing, before the CDK CLI builds the app and then
+# fails on the account (its message, after a minute, names neither cause).
+if [ -n "${AWS_ENDPOINT_URL:-}" ]; then
+  die "AWS_ENDPOINT_URL is set ($AWS_ENDPOINT_URL; localstack/env.sh sets it): make deploy targets AWS. Unset it, or use make deploy-local"
+fi
+if command -v aws >/dev/null && ! aws sts get-caller-identity >/dev/null 2>&1; then
+  die "no usable AWS credentials (aws sts get-caller-identity failed): set AWS_PROFILE (or run aws sso login / aws configure), and AWS_REGION"
+fi
 prepare_cdk
 cd "$INFRA"
 if [ "${FIFOBOX_BOOTSTRAP:-0}" = 1 ]; then

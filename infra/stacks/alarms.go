@@ -9,6 +9,8 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssns"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssnssubscriptions"
 	"github.com/aws/jsii-runtime-go"
+
+	"github.com/fifobox/fifobox/pkg/runbook"
 )
 
 // Alarm names (after the "<Prefix>-" prefix). Consumer alarms add "-<consumer>".
@@ -173,14 +175,14 @@ func newAlarms(stack awscdk.Stack, cfg Config, p *Pipeline, net *Network) {
 		// outage or a lost permission while nothing is lost yet. Five minutes
 		// in a row, so a passing throttle does not page anyone. Missing data:
 		// keep the state (a silent dispatcher fires the two above).
-		{name: AlarmPublishRetrying, description: "Publishing is failing and events are retrying (aggregates whose head waits out a retry backoff) for 5 minutes: check the dispatcher's logs for the error (SNS, KMS, VPC endpoint, permissions); the events go dead only after FIFOBOX_RETRY_FOR",
+		{name: AlarmPublishRetrying, description: "Publishing is failing and events are retrying (aggregates whose head waits out a retry backoff) for 5 minutes: the error (SNS, KMS, VPC endpoint, permissions) is in the dispatcher's logs and " + runbook.Text(runbook.PublishRetrying, "") + " (once fixed); the events go dead only after FIFOBOX_RETRY_FOR",
 			metric: dispatcherMetric(cfg, MetricRetryingAggregates, "Maximum", 60), threshold: th.RetryingAggregates, periods: 5, missing: awscloudwatch.TreatMissingData_IGNORE},
 		{name: AlarmBackingOffEvents, description: "More events than the threshold wait behind aggregates whose head is retrying: the publish failures hold back a large part of the traffic",
 			metric: dispatcherMetric(cfg, MetricBackingOffEvents, "Maximum", 60), threshold: th.BackingOffEvents, periods: 5, missing: awscloudwatch.TreatMissingData_IGNORE},
 		// Dead and parked counts do not go away when the metric stops: keep the
 		// last state (IGNORE); a silent dispatcher is reported by the lag and
 		// due-backlog alarms.
-		{name: AlarmDeadEvents, description: "Outbox events could not be published (state=dead: a permanent error, or retries exhausted): inspect with `fifobox dead list`, then requeue",
+		{name: AlarmDeadEvents, description: "Outbox events could not be published (state=dead: a permanent error, or retries exhausted): " + runbook.Text(runbook.DeadEvents, ""),
 			metric: dispatcherMetric(cfg, MetricDeadEvents, "Maximum", 300), threshold: th.DeadEvents, periods: 1, missing: awscloudwatch.TreatMissingData_IGNORE},
 		{name: AlarmParkedAggregates, description: "Aggregates are held back behind a dead event: their later events are not published until it is requeued",
 			metric: dispatcherMetric(cfg, MetricParkedAggregates, "Maximum", 300), threshold: th.ParkedAggregates, periods: 1, missing: awscloudwatch.TreatMissingData_IGNORE},
@@ -195,7 +197,7 @@ func newAlarms(stack awscdk.Stack, cfg Config, p *Pipeline, net *Network) {
 			metric: p.Dispatcher.MetricThrottles(minutes(5)), threshold: th.DispatcherThrottles, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
 		// The operations (redrive) function runs the daily prune and operator
 		// commands; a failure of either should be looked at.
-		{name: AlarmOperationsErrors, description: "Operations function failed (the daily prune, a migration or an operator command): see its logs and the redrive_audit table",
+		{name: AlarmOperationsErrors, description: "Operations function failed (the daily prune, a migration or an operator command): see its logs and " + runbook.Text(runbook.OperationsErrors, ""),
 			metric: p.Redrive.MetricErrors(minutes(5)), threshold: th.OperationsErrors, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
 		// SQS stops publishing metrics of idle queues: missing = empty = fine.
 		{name: AlarmScheduleDLQ, description: "EventBridge Scheduler could not invoke the dispatcher or the daily prune",
@@ -208,10 +210,10 @@ func newAlarms(stack awscdk.Stack, cfg Config, p *Pipeline, net *Network) {
 			// fails to deliver to a queue goes to that subscription's DLQ (alarmed
 			// per consumer below). SNS publishes these only when it delivers:
 			// missing = nothing failed.
-			alarmSpec{name: AlarmDeliveryFailed, description: "SNS could not deliver events to a subscribed queue (a disabled key, a changed queue policy, a deleted queue): they are in the subscription DLQs; fix the cause, then `fifobox redrive`",
+			alarmSpec{name: AlarmDeliveryFailed, description: "SNS could not deliver events to a subscribed queue (a disabled key, a changed queue policy, a deleted queue): they are in the subscription DLQs; fix the cause, then for each consumer " + runbook.Text(runbook.SubscriptionDLQMessages, ""),
 				metric:    p.Topic.MetricNumberOfNotificationsFailed(&awscloudwatch.MetricOptions{Statistic: jsii.String("Sum"), Period: awscdk.Duration_Minutes(jsii.Number(5))}),
 				threshold: th.DeliveryFailures, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
-			alarmSpec{name: AlarmDeliveryLost, description: "SNS could neither deliver events nor move them to the subscription DLQ: those events are lost for that consumer; replay them from the outbox (`fifobox replay`) once the DLQ is reachable",
+			alarmSpec{name: AlarmDeliveryLost, description: "SNS could neither deliver events nor move them to the subscription DLQ: those events are lost for that consumer; once the DLQ is reachable, replay them from the outbox: " + runbook.Text(runbook.DeliveryLost, ""),
 				metric:    p.Topic.Metric(jsii.String("NumberOfNotificationsFailedToRedriveToDlq"), &awscloudwatch.MetricOptions{Statistic: jsii.String("Sum"), Period: awscdk.Duration_Minutes(jsii.Number(5))}),
 				threshold: th.DeliveryLost, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
 		)
@@ -230,10 +232,10 @@ func newAlarms(stack awscdk.Stack, cfg Config, p *Pipeline, net *Network) {
 			alarmSpec{name: AlarmQueueAge + "-" + n, description: "Queue " + cfg.ResourceName(cr.Consumer.QueueName()) + " holds a message older than the threshold",
 				metric:    maximum(cr.Queue.MetricApproximateAgeOfOldestMessage, 1),
 				threshold: th.QueueOldestMessageAgeSeconds, periods: 3, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
-			alarmSpec{name: AlarmDLQMessages + "-" + n, description: "Dead-letter queue " + cfg.ResourceName(cr.Consumer.DLQName()) + " holds messages: inspect, then redrive with `fifobox redrive`",
+			alarmSpec{name: AlarmDLQMessages + "-" + n, description: "Dead-letter queue " + cfg.ResourceName(cr.Consumer.DLQName()) + " holds messages: " + runbook.Text(runbook.DLQMessages, n),
 				metric:    maximum(cr.DLQ.MetricApproximateNumberOfMessagesVisible, 5),
 				threshold: th.DLQVisibleMessages, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
-			alarmSpec{name: AlarmSubscriptionDLQ + "-" + n, description: "Subscription dead-letter queue " + cfg.ResourceName(cr.Consumer.SubscriptionDLQName()) + " holds events SNS could not deliver to " + n + ": fix the cause (key, queue policy), then redrive with `fifobox redrive`",
+			alarmSpec{name: AlarmSubscriptionDLQ + "-" + n, description: "Subscription dead-letter queue " + cfg.ResourceName(cr.Consumer.SubscriptionDLQName()) + " holds events SNS could not deliver to " + n + ": fix the cause (key, queue policy), then " + runbook.Text(runbook.SubscriptionDLQMessages, n),
 				metric:    maximum(cr.SubscriptionDLQ.MetricApproximateNumberOfMessagesVisible, 5),
 				threshold: th.DLQVisibleMessages, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
 		)
@@ -253,7 +255,7 @@ func newAlarms(stack awscdk.Stack, cfg Config, p *Pipeline, net *Network) {
 			// the broker is not reporting, which the other alarms cover.
 			alarmSpec{name: AlarmBrokerQueue + "-" + n, description: "RabbitMQ queue " + bc.Queue + " holds more ready messages than the threshold for 5 minutes: consumer " + n + " is not keeping up, or its event source is disabled",
 				metric: brokerQueueMetric(cfg, p, bc.Queue, "MessageReadyCount", 1), threshold: th.BrokerQueueReadyMessages, periods: 5, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
-			alarmSpec{name: AlarmDLQMessages + "-" + n, description: "RabbitMQ dead-letter queue " + bc.DLQ + " holds messages: inspect, then redrive with `fifobox redrive`",
+			alarmSpec{name: AlarmDLQMessages + "-" + n, description: "RabbitMQ dead-letter queue " + bc.DLQ + " holds messages: " + runbook.Text(runbook.DLQMessages, n),
 				metric: brokerQueueMetric(cfg, p, bc.DLQ, "MessageCount", 5), threshold: th.DLQVisibleMessages, periods: 1, missing: awscloudwatch.TreatMissingData_NOT_BREACHING},
 		)
 	}

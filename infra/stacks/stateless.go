@@ -220,7 +220,7 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 				Id:     jsii.String("AwsSolutions-SQS3"),
 				Reason: jsii.String("This queue is the dead-letter queue of the consumer's SNS subscription (its RedrivePolicy), which cdk-nag does not recognise as a DLQ; it is alarmed on."),
 			}}, nil)
-			suppressGuard(cr.SubscriptionDLQ, "sqs_dlq_check", "This queue is the dead-letter queue of an SNS subscription; a dead-letter queue of a dead-letter queue would only move its messages again. It is alarmed on and drained with `fifobox redrive`.")
+			suppressGuard(cr.SubscriptionDLQ, "sqs_dlq_check", "This queue is the dead-letter queue of an SNS subscription; a dead-letter queue of a dead-letter queue would only move its messages again. It is alarmed on and drained with `fifobox redrive --from subscription-dlq`.")
 			suppressGuard(cr.DLQ, "sqs_dlq_check", "This queue is the consumer queue's dead-letter queue; a dead-letter queue of a dead-letter queue would only move its messages again. It is alarmed on and drained with `fifobox redrive`.")
 
 			// Filter on message attributes (the default scope), exactly the policy

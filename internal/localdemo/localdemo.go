@@ -51,6 +51,10 @@ type Config struct {
 	Out io.Writer
 	// Interactive redraws the progress line in place (a terminal).
 	Interactive bool
+	// StayUp keeps the dispatcher and the consumers running once the demo
+	// has drained, until ctx ends (Ctrl-C): make local's default. Without
+	// it Run returns once every event was applied (tests, CI).
+	StayUp bool
 }
 
 // Deps are the running pieces the demo drives.
@@ -195,10 +199,12 @@ func Run(ctx context.Context, cfg Config, d Deps) error {
 	go func() {
 		defer swg.Done()
 		Schedule(sctx, cfg.SchedulePeriod, cfg.InvocationTimeout, func(ctx context.Context) {
+			inv.mu.Lock()
+			inv.count++
+			inv.mu.Unlock()
 			res, err := d.Dispatch(ctx)
 			inv.mu.Lock()
 			defer inv.mu.Unlock()
-			inv.count++
 			if err != nil {
 				inv.errs++
 				d.Log.Warn("dispatcher invocation failed", "error", err.Error())
@@ -256,12 +262,24 @@ loop:
 	elapsed := time.Since(start)
 	progress(context.Background(), cfg, d, runID, names, stats, &enqueued, false)
 	fmt.Fprintln(cfg.Out)
-	stopScheduler()
-	swg.Wait()
-	stopRunners()
-	rwg.Wait()
+	stop := func() {
+		stopScheduler()
+		swg.Wait()
+		stopRunners()
+		rwg.Wait()
+	}
+	stayingUp := cfg.StayUp && ctx.Err() == nil && prodErr == nil
+	if !stayingUp {
+		// Every invocation returned: the summary's counts are complete.
+		stop()
+	}
 	rm, rmErr := readModel(context.Background(), d.Pool, runID)
-	summary(cfg.Out, ctx.Err() != nil, elapsed, names, stats, expected, &enqueued, inv, rm)
+	summary(cfg.Out, ctx.Err() != nil, elapsed, names, stats, expected, &enqueued, inv, d.Published.Load(), rm)
+	publishErrors(cfg.Out, d.Pool)
+	if stayingUp {
+		stayUp(ctx, cfg, d, runID, names, stats, &enqueued)
+		stop()
+	}
 	if prodErr != nil && !errors.Is(prodErr, context.Canceled) {
 		return prodErr
 	}
@@ -278,11 +296,52 @@ loop:
 	}
 	// After Ctrl-C, events still in flight may not have reached the read
 	// model yet: the next run's consumers apply them (see observe).
-	if want := enqueued.want(); ctx.Err() == nil && rm != want {
+	if want := enqueued.want(); ctx.Err() == nil && !cfg.StayUp && rm != want {
 		return fmt.Errorf("read model: %d orders, %d shipped, %d events applied; want %d, %d, %d",
 			rm.orders, rm.shipped, rm.applied, want.orders, want.shipped, want.applied)
 	}
 	return nil
+}
+
+// stayUp keeps the pipeline running after the demo drained, until ctx
+// ends: a line whenever something moved (events written by other tools,
+// `fifobox` commands, a redrive), so the operator sees it happen.
+func stayUp(ctx context.Context, cfg Config, d Deps, runID string, names []string, stats map[string]*queueStats, enqueued *produced) {
+	fmt.Fprintln(cfg.Out, "\nthe pipeline stays up (dispatcher and consumers running): in another terminal, source localstack/env.sh")
+	fmt.Fprintln(cfg.Out, "and try go run ./cmd/fifobox status (or dlq list --consumer shipping, ...). Ctrl-C stops it.")
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	last := ""
+	for {
+		select {
+		case <-ctx.Done():
+			fmt.Fprintln(cfg.Out, "\nstopped")
+			return
+		case <-t.C:
+		}
+		var b strings.Builder
+		progress(ctx, Config{Out: &b}, d, runID, names, stats, enqueued, false)
+		line := strings.Replace(strings.TrimSpace(b.String()), "draining |", "up |", 1)
+		if line != last {
+			fmt.Fprintln(cfg.Out, line)
+			last = line
+		}
+	}
+}
+
+// publishErrors says why publishing failed, if it did: the dispatcher keeps
+// retrying (nothing is lost), and fifobox status groups the errors.
+func publishErrors(w io.Writer, db *pgxpool.Pool) {
+	texts, err := outbox.ErrorTexts(context.Background(), db, 1)
+	if err != nil || len(texts) == 0 {
+		return
+	}
+	e := texts[0]
+	what := "aggregates retrying"
+	if e.Kind == "dead" {
+		what = "events dead"
+	}
+	fmt.Fprintf(w, "publish errors: %d %s, most often: %s (fifobox status shows them all; retry-now after the fix)\n", e.Count, what, e.Text)
 }
 
 // Schedule calls invoke every period, each call with a deadline of timeout,
@@ -440,6 +499,10 @@ func progress(ctx context.Context, cfg Config, d Deps, runID string, names []str
 	if err == nil {
 		backlog = fmt.Sprint(b.Pending)
 		age = b.OldestPendingAge.Round(time.Millisecond).String()
+		if b.RetryingAggregates > 0 || b.Dead > 0 {
+			// Publishing fails: say so on the line, not only in the logs.
+			backlog += fmt.Sprintf(" (%d aggregates retrying, %d dead: fifobox status says why)", b.RetryingAggregates, b.Dead)
+		}
 	}
 	var qs []string
 	for _, n := range names {
@@ -462,14 +525,16 @@ func progress(ctx context.Context, cfg Config, d Deps, runID string, names []str
 	}
 }
 
-func summary(w io.Writer, interrupted bool, elapsed time.Duration, names []string, stats map[string]*queueStats, expected map[string]*atomic.Int64, enqueued *produced, inv *invocations, rm readModelCounts) {
+// summary reports the run; published is what the broker acknowledged (an
+// invocation still running has not reported its counts yet).
+func summary(w io.Writer, interrupted bool, elapsed time.Duration, names []string, stats map[string]*queueStats, expected map[string]*atomic.Int64, enqueued *produced, inv *invocations, published int64, rm readModelCounts) {
 	inv.mu.Lock()
 	fmt.Fprintf(w, "\nsummary: %d events in %d transactions over %s\n", enqueued.events(), enqueued.events(), elapsed.Round(time.Millisecond))
 	if interrupted {
 		fmt.Fprintln(w, "interrupted: expected counts are the events enqueued before the stop; events still in flight stay in the outbox or their queue, and a later make local applies them, once")
 	}
 	fmt.Fprintf(w, "dispatcher: %d invocations (%d failed, %d overran their deadline), published %d, retried %d, dead %d\n",
-		inv.count, inv.errs, inv.overruns, inv.published, inv.retries, inv.dead)
+		inv.count, inv.errs, inv.overruns, published, inv.retries, inv.dead)
 	inv.mu.Unlock()
 	fmt.Fprintf(w, "%-20s %9s %9s %11s %11s %8s %12s %12s\n", "consumer", "expected", "applied", "violations", "redelivered", "failed", "p50 latency", "p99 latency")
 	for _, n := range names {

@@ -101,3 +101,19 @@ func ListAudit(ctx context.Context, db execerQuery, limit int) ([]AuditEntry, er
 type execerQuery interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
+
+// audit lists the most recent audit rows (default 20), newest first.
+func (s *Service) audit(ctx context.Context, cmd Command) (Result, error) {
+	limit := cmd.Limit
+	if limit == 0 {
+		limit = 20
+	}
+	rows, err := ListAudit(ctx, s.db, limit)
+	if err != nil {
+		return Result{Operation: cmd.Operation}, err
+	}
+	if rows == nil {
+		rows = []AuditEntry{}
+	}
+	return Result{Operation: cmd.Operation, Affected: int64(len(rows)), Audit: rows}, nil
+}

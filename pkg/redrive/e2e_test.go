@@ -144,11 +144,11 @@ func TestReplayReachesOnlyTheChosenConsumer(t *testing.T) {
 	before := map[string]int{"orders-projection": 40, "shipping": 15, "audit": 46}
 	p.waitFor(t, before, time.Minute)
 
-	res, err := p.svc.Execute(ctx, redrive.Command{Operation: redrive.OpReplay, Consumer: "orders-projection", AggregateType: "order", Since: &since, DryRun: true})
+	res, err := p.svc.Execute(ctx, redrive.Command{Operation: redrive.OpReplay, Consumer: "orders-projection", AggregateType: "order", Since: &redrive.Instant{Time: since}, DryRun: true})
 	if err != nil || res.Affected != 10 || res.Aggregates != 5 {
 		t.Fatalf("dry run %+v %v", res, err)
 	}
-	res, err = p.svc.Execute(ctx, redrive.Command{Operation: redrive.OpReplay, Consumer: "orders-projection", AggregateType: "order", Since: &since, Actor: "test"})
+	res, err = p.svc.Execute(ctx, redrive.Command{Operation: redrive.OpReplay, Consumer: "orders-projection", AggregateType: "order", Since: &redrive.Instant{Time: since}, Actor: "test"})
 	if err != nil || res.Affected != 10 {
 		t.Fatalf("replay %+v %v", res, err)
 	}
@@ -228,7 +228,7 @@ func TestDLQRedriveAppliesOnce(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(st.Status.Queues) == 1 && st.Status.Queues[0].DLQ == 9 && st.Status.Queues[0].HeldGroups == 4 {
+		if len(st.Status.Queues.Consumers) == 1 && st.Status.Queues.Consumers[0].DLQ == 9 && st.Status.Queues.Consumers[0].HeldGroups == 4 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -274,7 +274,7 @@ func TestDLQRedriveAppliesOnce(t *testing.T) {
 	}
 	assertInOrder(t, p.db, "audit")
 	st, _ = p.svc.Execute(ctx, redrive.Command{Operation: redrive.OpStatus, Consumer: "audit"})
-	if q := st.Status.Queues[0]; q.HeldGroups != 0 || q.HeldMessages != 0 {
+	if q := st.Status.Queues.Consumers[0]; q.HeldGroups != 0 || q.HeldMessages != 0 {
 		t.Fatalf("holds left after the redrive: %+v", q)
 	}
 	audit, _ := redrive.ListAudit(ctx, p.db.Pool, 5)

@@ -2,7 +2,6 @@ package redrive
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -16,7 +15,7 @@ import (
 func (s *Service) releaseHolds(ctx context.Context, cmd Command) (Result, error) {
 	res := Result{Operation: cmd.Operation, DryRun: cmd.DryRun}
 	if cmd.Consumer == "" {
-		return res, errors.New("release-holds: consumer is required")
+		return res, fmt.Errorf("release-holds: %w", fieldErr("consumer", "required"))
 	}
 	groups := cmd.Groups
 	if groups == nil {
@@ -29,7 +28,7 @@ func (s *Service) releaseHolds(ctx context.Context, cmd Command) (Result, error)
 	}
 	res.Affected, res.Aggregates = n, int(g)
 	if n > int64(cmd.Max) {
-		return res, fmt.Errorf("release-holds: %d held messages selected, more than max %d", n, cmd.Max)
+		return res, fmt.Errorf("release-holds: %w", fieldErr("max", "%d held messages selected, more than %d: narrow the selection (groups) or raise it", n, cmd.Max))
 	}
 	if cmd.DryRun {
 		res.Message = fmt.Sprintf("would release %d held groups (%d messages listed) of %s", g, n, cmd.Consumer)

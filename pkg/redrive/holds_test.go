@@ -136,7 +136,7 @@ func TestStatusShowsHeldGroupsWhateverTheTransport(t *testing.T) {
 				t.Fatal(err)
 			}
 			var got []row
-			for _, q := range res.Status.Queues {
+			for _, q := range res.Status.Queues.Consumers {
 				got = append(got, row{q.Consumer, q.Visible, q.HeldGroups, q.HeldMessages, q.Error == ""})
 			}
 			if fmt.Sprint(got) != fmt.Sprint(tc.want) {

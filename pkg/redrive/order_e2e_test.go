@@ -132,10 +132,10 @@ func (p *oneConsumer) until(t *testing.T, what string, cond func() bool) {
 func (p *oneConsumer) status(t *testing.T) redrive.QueueDepth {
 	t.Helper()
 	st, err := p.svc.Execute(context.Background(), redrive.Command{Operation: redrive.OpStatus, Consumer: "c"})
-	if err != nil || len(st.Status.Queues) != 1 {
+	if err != nil || len(st.Status.Queues.Consumers) != 1 {
 		t.Fatalf("status %+v %v", st, err)
 	}
-	return st.Status.Queues[0]
+	return st.Status.Queues.Consumers[0]
 }
 
 // Strict order end to end (outbox -> dispatcher -> SNS -> SQS -> runner ->
@@ -226,7 +226,7 @@ func TestSubscriptionDLQRedrive(t *testing.T) {
 	if q := p.status(t); q.SubscriptionDLQ != 4 {
 		t.Fatalf("status %+v, want 4 in the subscription DLQ", q)
 	}
-	res, err := p.svc.Execute(ctx, redrive.Command{Operation: redrive.OpDLQRedrive, Consumer: "c", Source: redrive.SourceSubscriptionDLQ, Actor: "test"})
+	res, err := p.svc.Execute(ctx, redrive.Command{Operation: redrive.OpDLQRedrive, Consumer: "c", From: redrive.SourceSubscriptionDLQ, Actor: "test"})
 	if err != nil || res.Affected != 4 {
 		t.Fatalf("redrive %+v %v", res, err)
 	}

@@ -44,25 +44,25 @@ func TestPruneOutboxAndInbox(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name               string
-		cmd                redrive.Command
+		cmd                string        // the command's JSON, without the operation
 		deadline           time.Duration // 0: none
 		wantErr            string        // the field named
 		wantAffected       int64
 		wantOutbox, wantIn int
 		wantMessage        string
 	}{
-		{name: "defaults", wantAffected: 5, wantOutbox: 4, wantIn: 2, wantMessage: "deleted 3 sent events older than 168h0m0s and 2 inbox rows older than 720h0m0s"},
-		{name: "dry run", cmd: redrive.Command{DryRun: true}, wantAffected: 5, wantOutbox: 7, wantIn: 4, wantMessage: "would delete 3"},
-		{name: "shortest retentions", cmd: redrive.Command{OlderThan: "25h", InboxOlderThan: "360h"}, wantAffected: 5, wantOutbox: 4, wantIn: 2},
-		{name: "bad outbox retention", cmd: redrive.Command{OlderThan: "a week"}, wantErr: "older_than", wantOutbox: 7, wantIn: 4},
+		{name: "defaults", wantAffected: 5, wantOutbox: 4, wantIn: 2, wantMessage: "deleted 3 sent events older than 7d and 2 inbox rows older than 30d"},
+		{name: "dry run", cmd: `{"dry_run": true}`, wantAffected: 5, wantOutbox: 7, wantIn: 4, wantMessage: "would delete 3"},
+		{name: "shortest retentions", cmd: `{"older_than": "25h", "inbox_older_than": "360h"}`, wantAffected: 5, wantOutbox: 4, wantIn: 2},
+		{name: "bad outbox retention", cmd: `{"older_than": "a week"}`, wantErr: "older_than", wantOutbox: 7, wantIn: 4},
 		// older_than 0 would delete every sent event at once.
-		{name: "outbox retention zero", cmd: redrive.Command{OlderThan: "0s"}, wantErr: "older_than", wantOutbox: 7, wantIn: 4},
-		{name: "outbox retention below a day", cmd: redrive.Command{OlderThan: "23h59m"}, wantErr: "older_than", wantOutbox: 7, wantIn: 4},
-		{name: "outbox retention zero, dry run", cmd: redrive.Command{OlderThan: "0s", DryRun: true}, wantErr: "older_than", wantOutbox: 7, wantIn: 4},
-		{name: "inbox retention inside the dedup window", cmd: redrive.Command{InboxOlderThan: "5m"}, wantErr: "inbox_older_than", wantOutbox: 7, wantIn: 4},
+		{name: "outbox retention zero", cmd: `{"older_than": "0s"}`, wantErr: "older_than", wantOutbox: 7, wantIn: 4},
+		{name: "outbox retention below a day", cmd: `{"older_than": "23h59m"}`, wantErr: "older_than", wantOutbox: 7, wantIn: 4},
+		{name: "outbox retention zero, dry run", cmd: `{"older_than": "0s", "dry_run": true}`, wantErr: "older_than", wantOutbox: 7, wantIn: 4},
+		{name: "inbox retention inside the dedup window", cmd: `{"inbox_older_than": "5m"}`, wantErr: "inbox_older_than", wantOutbox: 7, wantIn: 4},
 		// A redriven message must still find its inbox row: the inbox
 		// outlasts the DLQs' 14 days, for an invoked command as for the schedule.
-		{name: "inbox retention within the DLQs' 14 days", cmd: redrive.Command{InboxOlderThan: "336h"}, wantErr: "inbox_older_than", wantOutbox: 7, wantIn: 4},
+		{name: "inbox retention within the DLQs' 14 days", cmd: `{"inbox_older_than": "336h"}`, wantErr: "inbox_older_than", wantOutbox: 7, wantIn: 4},
 		// Less time left than the margin: prune stops before its first batch
 		// and reports it, rather than failing.
 		{name: "out of time", deadline: 2 * time.Second, wantAffected: 0, wantOutbox: 7, wantIn: 4, wantMessage: "stopped at the invocation's time limit"},
@@ -82,9 +82,16 @@ func TestPruneOutboxAndInbox(t *testing.T) {
 				ctx, cancel = context.WithTimeout(ctx, tc.deadline)
 				defer cancel()
 			}
-			cmd := tc.cmd
-			cmd.Operation, cmd.Actor = redrive.OpPrune, "test"
-			res, err := svc.Execute(ctx, cmd)
+			payload := tc.cmd
+			if payload == "" {
+				payload = "{}"
+			}
+			var res redrive.Result
+			cmd, err := redrive.DecodeCommand([]byte(payload), redrive.OpPrune)
+			if err == nil {
+				cmd.Actor = "test"
+				res, err = svc.Execute(ctx, cmd)
+			}
 			switch {
 			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
 				t.Fatalf("error %v, want one naming %s", err, tc.wantErr)

@@ -1,31 +1,39 @@
 // Package redrive holds fifobox's operator actions on a running pipeline,
-// shared by the redrive Lambda and the fifobox CLI:
+// shared by the redrive Lambda and the fifobox CLI. Ops (schema.go)
+// declares every operation and its arguments once; the CLI's commands and
+// the Lambda's JSON both come from it:
 //
-//   - requeue-dead: dead outbox rows go back to pending (attempts 0) and
+//   - dead-requeue: dead outbox rows go back to pending (attempts 0) and
 //     their aggregates' heads become due now; the dispatcher then publishes
 //     each aggregate's events in sequence order, the requeued one first.
-//   - discard-dead: dead events that can never be published (a broker
+//   - dead-discard: dead events that can never be published (a broker
 //     rejects them for good) are given up, with a reason; their aggregates
 //     resume with the events after them. Explicit event ids only.
+//   - retry-now: aggregates backing off after a failed publish become due
+//     now (once the cause is fixed).
 //   - replay: sent events of one aggregate type and time range are sent again
 //     to ONE consumer's queue (same body, aggregate id as message group, in
 //     sequence order), after deleting that consumer's inbox entries for
 //     exactly those events in the transaction that writes the audit row, so
 //     only that consumer re-applies them (to rebuild a read model).
-//   - dlq-redrive: messages move from a consumer's DLQ (or, on SNS, its
-//     subscription's DLQ) back to its queue, keeping each aggregate's order.
-//     A consumer in strict order applies a held group's messages as they
-//     come back in order and then releases the group (pkg/inbox).
+//   - redrive: messages move from a consumer's DLQ (or, on SNS, its
+//     subscription's DLQ) back to its queue, keeping each aggregate's order;
+//     all, or chosen groups. A consumer in strict order applies a held
+//     group's messages as they come back in order and then releases the
+//     group (pkg/inbox).
+//   - dlq-list, dlq-peek, dlq-discard: a DLQ's messages, looked at without
+//     taking them, and chosen ones deleted for good (their holds released,
+//     so the group's remaining messages still apply in order).
 //   - release-holds: ends a strict-order consumer's holds (table
 //     inbox_held) when the dead-lettered messages they wait for are gone
 //     (purged, expired after the DLQ's 14 days, deleted by hand); the
 //     group's next messages are then applied as they come.
-//   - migrate, prune, and the read-only status and dead-list.
+//   - migrate, prune, and the read-only status, dead-list and audit.
 //
 // Every action that changes something writes a redrive_audit row (who, what,
-// parameters, when, how many, outcome) and a log line. The broker's side of
-// status, replay and dlq-redrive goes through a transport.Operations, the
-// same calls whatever the transport (pkg/transport/sns, amqp, nats).
+// parameters, when, how many, outcome) and a log line. The broker's side
+// goes through a transport.Operations, the same calls whatever the
+// transport (pkg/transport/sns, amqp, nats).
 package redrive
 
 import (
@@ -37,112 +45,140 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/transport"
 )
 
-// Operations.
+// Operations (OpSpec.Name: the CLI's command words joined by "-").
 const (
-	OpMigrate       = "migrate"
-	OpStatus        = "status"
-	OpDeadList      = "dead-list"
-	OpRequeueDead   = "requeue-dead"
-	OpDiscardDead   = "discard-dead"
-	OpReplay        = "replay"
-	OpDLQRedrive    = "dlq-redrive"
-	OpPrune         = "prune"
-	OpReleaseHolds  = "release-holds"
+	OpMigrate      = "migrate"
+	OpStatus       = "status"
+	OpDeadList     = "dead-list"
+	OpRequeueDead  = "dead-requeue"
+	OpDiscardDead  = "dead-discard"
+	OpRetryNow     = "retry-now"
+	OpDLQRedrive   = "redrive"
+	OpDLQList      = "dlq-list"
+	OpDLQPeek      = "dlq-peek"
+	OpDLQDiscard   = "dlq-discard"
+	OpReleaseHolds = "release-holds"
+	OpReplay       = "replay"
+	OpPrune        = "prune"
+	OpAudit        = "audit"
+
 	defaultMax      = 100_000
 	replayChunk     = 9 // events read and sent per step (SQS sends at most 10 per call)
 	defaultLimit    = 100
 	defaultPruneAge = 7 * 24 * time.Hour
 )
 
-// allOperations lists every operation, in the order the docs give them.
-var allOperations = []string{OpMigrate, OpStatus, OpDeadList, OpRequeueDead, OpDiscardDead, OpReplay, OpDLQRedrive, OpReleaseHolds, OpPrune}
-
-var operations = strings.Join(allOperations, ", ")
+// renamed are operation names of earlier versions, for a helpful error.
+var renamed = map[string]string{"dlq-redrive": OpDLQRedrive, "requeue-dead": OpRequeueDead, "discard-dead": OpDiscardDead}
 
 // CheckOperation reports whether op names an operation, with an error that
 // lists them all if it does not.
 func CheckOperation(op string) error {
-	switch {
-	case op == "":
-		return errors.New("operation is required: one of " + operations)
-	case !slices.Contains(allOperations, op):
-		return fmt.Errorf("unknown operation %q: want one of %s", op, operations)
+	names := make([]string, len(Ops))
+	for i, o := range Ops {
+		names[i] = o.Name
 	}
-	return nil
+	all := strings.Join(names, ", ")
+	if op == "" {
+		return &FieldError{Field: "operation", Err: errors.New("required: one of " + all)}
+	}
+	if _, ok := Spec(op); ok {
+		return nil
+	}
+	if to, ok := renamed[op]; ok {
+		return &FieldError{Field: "operation", Err: fmt.Errorf("%q is now %q (the CLI's command name)", op, to)}
+	}
+	return &FieldError{Field: "operation", Err: fmt.Errorf("unknown operation %q: want one of %s", op, all)}
 }
 
-// Command is one operator request, the JSON the redrive Lambda is invoked
-// with and the CLI builds from its flags.
+// Command is one operator request: the JSON the redrive Lambda is invoked
+// with and the CLI builds from its flags (DecodeCommand reads it; Ops says
+// which operation takes which field). Durations are seconds in JSON, times
+// RFC 3339.
 type Command struct {
-	// Operation is one of migrate, status, dead-list, requeue-dead,
-	// discard-dead, replay, dlq-redrive, release-holds, prune.
+	// Operation is one of Ops' names.
 	Operation string `json:"operation,omitempty"`
 	// Actor says who asked (the CLI sends user@host); recorded in the
 	// audit. Nothing verifies it: the redrive Lambda records a payload's
 	// actor as ClaimedActorPrefix + actor, beside its own request id.
 	Actor string `json:"actor,omitempty"`
-	// RequestID correlates the audit row with the Lambda request (set by the Lambda).
-	RequestID string `json:"request_id,omitempty"`
+	// RequestID correlates the audit row with the Lambda request (set by
+	// the Lambda, never read from the payload).
+	RequestID string `json:"-"`
 	// DryRun reports what would be done without doing it.
 	DryRun bool `json:"dry_run,omitempty"`
 
-	// EventIDs selects events by id (requeue-dead, discard-dead).
+	// EventIDs selects events by id (dead-requeue, dead-discard).
 	EventIDs []string `json:"event_ids,omitempty"`
-	// Reason says why dead events are discarded (discard-dead, required);
-	// it is appended to each event's last error and kept in the audit.
+	// Reason says why (dead-discard, dlq-discard: required); recorded.
 	Reason string `json:"reason,omitempty"`
 	// AggregateType, Since and Until select events by aggregate type and
-	// creation time, Since inclusive, Until exclusive (requeue-dead, replay).
-	AggregateType string     `json:"aggregate_type,omitempty"`
-	Since         *time.Time `json:"since,omitempty"`
-	Until         *time.Time `json:"until,omitempty"`
-	// Consumer is the target consumer (replay, dlq-redrive; optional for status).
+	// creation time, Since inclusive, Until exclusive (dead-requeue,
+	// replay); AggregateType and AggregateIDs select aggregates (retry-now).
+	AggregateType string   `json:"aggregate_type,omitempty"`
+	AggregateIDs  []string `json:"aggregate_ids,omitempty"`
+	Since         *Instant `json:"since,omitempty"`
+	Until         *Instant `json:"until,omitempty"`
+	// Error selects retry-now's aggregates by their last publish error.
+	Error string `json:"error,omitempty"`
+	// Consumer is the target consumer (optional for status).
 	Consumer string `json:"consumer,omitempty"`
-	// Groups selects message groups (= aggregate ids) for release-holds;
-	// empty: every held group of the consumer.
-	Groups []string `json:"groups,omitempty"`
-	// Source is where dlq-redrive takes messages from: "dlq" (default), the
-	// consumer queue's DLQ, or "subscription-dlq", the DLQ of the
-	// consumer's SNS subscription (messages SNS could not deliver).
-	Source string `json:"source,omitempty"`
+	// Groups, Aggregates and Messages select dead-lettered messages
+	// (redrive, dlq-*) by message group, "type/id" or id, and key;
+	// Groups also selects release-holds' groups.
+	Groups     []string `json:"groups,omitempty"`
+	Aggregates []string `json:"aggregates,omitempty"`
+	Messages   []string `json:"messages,omitempty"`
+	// From is the dead-letter queue: "dlq" (default), the consumer queue's
+	// DLQ, or "subscription-dlq", the DLQ of the consumer's SNS
+	// subscription (messages SNS could not deliver).
+	From string `json:"from,omitempty"`
 	// Max bounds how many events or messages the operation may touch:
-	// dlq-redrive moves at most Max; requeue-dead and replay refuse a
-	// selection larger than Max. Default 100,000.
+	// redrive and dlq-discard move or delete at most Max; the others refuse
+	// a selection larger than Max. Default 100,000.
 	Max int `json:"max,omitempty"`
-	// Limit bounds dead-list rows (default 100).
+	// Limit bounds listed rows (dead-list, dlq-list, audit; default 100, 20
+	// for audit).
 	Limit int `json:"limit,omitempty"`
-	// OlderThan is prune's retention of sent outbox events, a Go duration
-	// such as "168h" (default 7 days).
-	OlderThan string `json:"older_than,omitempty"`
-	// InboxOlderThan is prune's retention of inbox rows (default 720h, 30
-	// days). Keep it longer than the DLQs' message retention (14 days at
-	// most): a message redriven from a DLQ is recognised as applied only
-	// while its inbox row exists.
-	InboxOlderThan string `json:"inbox_older_than,omitempty"`
+	// OlderThan is prune's retention of sent outbox events (default 7 days).
+	OlderThan Duration `json:"older_than,omitempty"`
+	// InboxOlderThan is prune's retention of inbox rows (default 30 days).
+	// Keep it longer than the DLQs' message retention (14 days at most): a
+	// message redriven from a DLQ is recognised as applied only while its
+	// inbox row exists.
+	InboxOlderThan Duration `json:"inbox_older_than,omitempty"`
 }
 
 // Result is an operation's outcome (the Lambda's response; the CLI prints it).
 type Result struct {
-	Operation string `json:"operation,omitempty"`
+	Operation string `json:"operation"`
 	AuditID   int64  `json:"audit_id,omitempty"`
 	DryRun    bool   `json:"dry_run,omitempty"`
 	// Affected counts events or messages touched (or that would be, in a dry run).
 	Affected int64 `json:"affected"`
-	// Aggregates counts distinct aggregates touched (requeue-dead, replay).
-	Aggregates int    `json:"aggregates,omitempty"`
-	Message    string `json:"message,omitempty"`
-	// Status and Dead are filled by status and dead-list.
-	Status *Status    `json:"status,omitempty"`
-	Dead   []DeadItem `json:"dead,omitempty"`
+	// Aggregates counts distinct aggregates touched.
+	Aggregates int `json:"aggregates,omitempty"`
+	// Exact is false when a count may be short: the broker could not show
+	// every message (see transport.PeekResult.Complete).
+	Exact   *bool  `json:"exact,omitempty"`
+	Message string `json:"message,omitempty"`
+	// Status, Dead, DLQ, Audit and Migrations are filled by status,
+	// dead-list, dlq-*, audit and migrate.
+	Status     *Status      `json:"status,omitempty"`
+	Dead       []DeadItem   `json:"dead,omitempty"`
+	DLQ        *DLQListing  `json:"dlq,omitempty"`
+	Audit      []AuditEntry `json:"audit,omitempty"`
+	Migrations []string     `json:"migrations,omitempty"`
 }
 
-// dlq-redrive sources.
+// Dead-letter queues (Command.From).
 const (
 	SourceDLQ             = string(transport.ConsumerDLQ)
 	SourceSubscriptionDLQ = string(transport.SubscriptionDLQ)
@@ -162,6 +198,12 @@ type Config struct {
 	Logger *slog.Logger
 	// Progress, if set, is called as long operations advance (done of total; total -1 if unknown).
 	Progress func(op string, done, total int64)
+	// Transport names the transport's kind in status (sns, rabbitmq, nats).
+	Transport string
+	// DBError, with a nil pool (New), is why there is no database: status
+	// then reports its database sections as such and its queues as usual;
+	// every other operation fails with it.
+	DBError error
 }
 
 // Service runs operations against one database and, through
@@ -174,7 +216,7 @@ type Service struct {
 
 // New returns a Service.
 func New(db *pgxpool.Pool, cfg Config) (*Service, error) {
-	if db == nil {
+	if db == nil && cfg.DBError == nil {
 		return nil, errors.New("new redrive service: db is nil")
 	}
 	if cfg.Logger == nil {
@@ -203,31 +245,49 @@ const ClaimedActorPrefix = "claimed:"
 // maxActorLen bounds the audit's actor.
 const maxActorLen = 256
 
-// Validate checks the fields every operation shares and prune's retentions
-// before anything runs, each error naming its JSON field. Execute calls it;
-// the CLI calls it before invoking the redrive Lambda.
+// Validate checks a command before anything runs: its operation, that it
+// sets only fields its operation takes, the required ones, ranges and
+// prune's retentions. Each error is a *FieldError naming the JSON field.
+// Execute calls it; the CLI calls it before invoking the redrive Lambda.
 func (c Command) Validate() error {
 	if err := CheckOperation(c.Operation); err != nil {
 		return err
 	}
-	if c.Max < 0 {
-		return fmt.Errorf("max %d: must be positive", c.Max)
-	}
-	if c.Source != "" && c.Source != SourceDLQ && c.Source != SourceSubscriptionDLQ {
-		return fmt.Errorf("source %q: want %s or %s", c.Source, SourceDLQ, SourceSubscriptionDLQ)
-	}
-	if len(c.Actor) > maxActorLen || strings.ContainsFunc(c.Actor, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
-		return fmt.Errorf("actor: at most %d characters without control characters", maxActorLen)
-	}
-	if c.Operation == OpDiscardDead {
-		// A discarded event is never published: it is chosen event by
-		// event, and why is recorded.
-		if len(c.EventIDs) == 0 {
-			return errors.New("event_ids: required for discard-dead (discarding is chosen event by event)")
+	spec, _ := Spec(c.Operation)
+	set := c.fieldsSet()
+	for _, f := range set {
+		if !spec.Takes(f) {
+			return fieldErr(f, "%s does not take it", c.Operation)
 		}
-		if strings.TrimSpace(c.Reason) == "" {
-			return errors.New("reason: required for discard-dead")
+	}
+	for _, f := range spec.Required {
+		if !slices.Contains(set, f) || (f == "reason" && strings.TrimSpace(c.Reason) == "") {
+			return fieldErr(f, "required for %s", c.Operation)
 		}
+	}
+	switch {
+	case c.Max < 0:
+		return fieldErr("max", "%d: must not be negative", c.Max)
+	case c.Limit < 0:
+		return fieldErr("limit", "%d: must be at least 1", c.Limit)
+	case c.From != "" && c.From != SourceDLQ && c.From != SourceSubscriptionDLQ:
+		return fieldErr("from", "%q: want %s or %s", c.From, SourceDLQ, SourceSubscriptionDLQ)
+	case len(c.Actor) > maxActorLen || strings.ContainsFunc(c.Actor, func(r rune) bool { return r < 0x20 || r == 0x7f }):
+		return fieldErr("actor", "at most %d characters without control characters", maxActorLen)
+	case c.Since != nil && c.Until != nil && !c.Since.Before(c.Until.Time):
+		return fieldErr("since", "must be before until")
+	}
+	for _, id := range c.EventIDs {
+		if _, err := uuid.Parse(id); err != nil {
+			return fieldErr("event_ids", "%q: not an event id (a UUID)", id)
+		}
+	}
+	if c.Operation == OpDLQDiscard && len(c.Messages)+len(c.Groups)+len(c.Aggregates) == 0 {
+		// Never a whole DLQ by accident: messages are chosen.
+		return fieldErr("messages", "choose messages, groups or aggregates to discard")
+	}
+	if c.Operation == OpDLQPeek && len(c.Messages)+len(c.Groups)+len(c.Aggregates) == 0 {
+		return fieldErr("messages", "choose the messages, groups or aggregates to show")
 	}
 	if c.Operation == OpPrune {
 		if _, err := retention("older_than", c.OlderThan, defaultPruneAge, MinSentRetention); err != nil {
@@ -240,6 +300,34 @@ func (c Command) Validate() error {
 	return nil
 }
 
+// fieldsSet are the JSON names of the arguments c sets.
+func (c Command) fieldsSet() []string {
+	var out []string
+	add := func(name string, set bool) {
+		if set {
+			out = append(out, name)
+		}
+	}
+	add("consumer", c.Consumer != "")
+	add("event_ids", len(c.EventIDs) > 0)
+	add("aggregate_type", c.AggregateType != "")
+	add("aggregate_ids", len(c.AggregateIDs) > 0)
+	add("since", c.Since != nil)
+	add("until", c.Until != nil)
+	add("dry_run", c.DryRun)
+	add("max", c.Max != 0)
+	add("limit", c.Limit != 0)
+	add("reason", c.Reason != "")
+	add("from", c.From != "")
+	add("groups", len(c.Groups) > 0)
+	add("aggregates", len(c.Aggregates) > 0)
+	add("messages", len(c.Messages) > 0)
+	add("error", c.Error != "")
+	add("older_than", c.OlderThan != 0)
+	add("inbox_older_than", c.InboxOlderThan != 0)
+	return out
+}
+
 // Execute validates and runs one command.
 func (s *Service) Execute(ctx context.Context, cmd Command) (Result, error) {
 	if err := cmd.Validate(); err != nil {
@@ -248,13 +336,16 @@ func (s *Service) Execute(ctx context.Context, cmd Command) (Result, error) {
 	if cmd.Actor == "" {
 		cmd.Actor = "unknown"
 	}
-	if cmd.Max == 0 {
+	if spec, _ := Spec(cmd.Operation); cmd.Max == 0 && spec.Takes("max") {
 		cmd.Max = defaultMax
 	}
 	var (
 		res Result
 		err error
 	)
+	if s.db == nil && cmd.Operation != OpStatus {
+		return Result{Operation: cmd.Operation}, fmt.Errorf("%s: no database: %w", cmd.Operation, s.cfg.DBError)
+	}
 	switch cmd.Operation {
 	case OpMigrate:
 		return s.migrate(ctx, cmd)
@@ -262,6 +353,16 @@ func (s *Service) Execute(ctx context.Context, cmd Command) (Result, error) {
 		return s.status(ctx, cmd)
 	case OpDeadList:
 		return s.deadList(ctx, cmd)
+	case OpAudit:
+		return s.audit(ctx, cmd)
+	case OpDLQList:
+		return s.dlqList(ctx, cmd)
+	case OpDLQPeek:
+		res, err = s.dlqPeek(ctx, cmd)
+	case OpDLQDiscard:
+		res, err = s.dlqDiscard(ctx, cmd)
+	case OpRetryNow:
+		res, err = s.retryNow(ctx, cmd)
 	case OpRequeueDead:
 		res, err = s.requeueDead(ctx, cmd)
 	case OpDiscardDead:
@@ -274,7 +375,7 @@ func (s *Service) Execute(ctx context.Context, cmd Command) (Result, error) {
 		res, err = s.releaseHolds(ctx, cmd)
 	case OpPrune:
 		res, err = s.prune(ctx, cmd)
-	default: // listed in allOperations but not handled here
+	default: // listed in Ops but not handled here
 		return Result{}, fmt.Errorf("operation %q is not implemented", cmd.Operation)
 	}
 	// Dry runs change nothing but are audited too: who looked at moving what.
@@ -294,7 +395,7 @@ func (s *Service) Execute(ctx context.Context, cmd Command) (Result, error) {
 // ops returns the transport's operations for consumer's queues.
 func (s *Service) ops(consumer string) (transport.Operations, error) {
 	if consumer == "" {
-		return nil, errors.New("consumer is required")
+		return nil, fieldErr("consumer", "required")
 	}
 	if s.cfg.Operations == nil {
 		return nil, errors.New("no transport configured: this operation needs the broker")

@@ -2,7 +2,6 @@ package redrive
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -36,15 +35,12 @@ func (s *Service) replay(ctx context.Context, cmd Command) (Result, error) {
 	if err != nil {
 		return res, fmt.Errorf("replay: %w", err)
 	}
-	if len(cmd.EventIDs) > 0 {
-		return res, errors.New("replay: select by aggregate_type and since/until, not event_ids")
-	}
 	ids, since, until, err := selection(cmd, true)
 	if err != nil {
 		return res, fmt.Errorf("replay: %w", err)
 	}
 	if since == nil {
-		return res, errors.New("replay: since is required (replaying a whole history must be explicit: pass the epoch)")
+		return res, fmt.Errorf("replay: %w", fieldErr("since", "required (replaying a whole history must be explicit: pass 1970-01-01)"))
 	}
 	rows, err := s.db.Query(ctx, `SELECT id, event_id::text, event_type, aggregate_type, aggregate_id, aggregate_seq,
        coalesce(tenant_id, ''), coalesce(traceparent, '')
@@ -73,7 +69,7 @@ ORDER BY aggregate_id, aggregate_seq`, ids, cmd.AggregateType, since, until)
 	}
 	evs = kept
 	if len(evs) > cmd.Max {
-		return res, fmt.Errorf("replay: %d events selected, more than max %d: narrow the time range or raise max", len(evs), cmd.Max)
+		return res, fmt.Errorf("replay: %w", fieldErr("max", "%d events selected, more than %d: narrow the time range or raise it", len(evs), cmd.Max))
 	}
 	aggs := map[string]bool{}
 	for _, e := range evs {

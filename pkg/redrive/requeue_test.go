@@ -101,7 +101,7 @@ func TestRequeueDeadPublishesInOrder(t *testing.T) {
 		t.Fatal("requeue above max accepted")
 	}
 	since := time.Now().Add(-time.Hour)
-	res, err = svc.Execute(ctx, redrive.Command{Operation: redrive.OpRequeueDead, AggregateType: "order", Since: &since, Actor: "alice@laptop"})
+	res, err = svc.Execute(ctx, redrive.Command{Operation: redrive.OpRequeueDead, AggregateType: "order", Since: &redrive.Instant{Time: since}, Actor: "alice@laptop"})
 	if err != nil || res.Affected != 3 || res.AuditID == 0 {
 		t.Fatalf("requeue: %+v %v", res, err)
 	}
@@ -137,10 +137,10 @@ func TestRequeueDeadPublishesInOrder(t *testing.T) {
 	if err != nil || len(audit) != 3 {
 		t.Fatalf("audit: %+v %v", audit, err)
 	}
-	if a := audit[2]; a.Operation != "requeue-dead" || !a.DryRun || a.Affected != 3 || a.Actor != "test" {
+	if a := audit[2]; a.Operation != "dead-requeue" || !a.DryRun || a.Affected != 3 || a.Actor != "test" {
 		t.Fatalf("dry run audit row %+v", a)
 	}
-	if a := audit[1]; a.Operation != "requeue-dead" || a.Actor != "alice@laptop" || a.Status != "done" || a.Affected != 3 || a.FinishedAt == nil {
+	if a := audit[1]; a.Operation != "dead-requeue" || a.Actor != "alice@laptop" || a.Status != "done" || a.Affected != 3 || a.FinishedAt == nil {
 		t.Fatalf("audit row %+v", a)
 	}
 	var p map[string]any
@@ -215,7 +215,7 @@ func TestDiscardDeadResumesItsAggregate(t *testing.T) {
 		t.Fatalf("after discard: %+v", st)
 	}
 	audit, err := redrive.ListAudit(ctx, db.Pool, 1)
-	if err != nil || len(audit) != 1 || audit[0].Operation != "discard-dead" || !strings.Contains(string(audit[0].Params), "too large, re-issued") {
+	if err != nil || len(audit) != 1 || audit[0].Operation != "dead-discard" || !strings.Contains(string(audit[0].Params), "too large, re-issued") {
 		t.Fatalf("audit: %+v %v", audit, err)
 	}
 }
@@ -228,7 +228,7 @@ func TestUnknownOperationAndStatus(t *testing.T) {
 	}
 	enqueue(t, db, event("order", "o-1", "order.placed"))
 	res, err := svc.Execute(context.Background(), redrive.Command{Operation: redrive.OpStatus})
-	if err != nil || res.Status == nil || res.Status.Backlog.Pending != 1 {
+	if err != nil || res.Status == nil || res.Status.Outbox.Pending != 1 {
 		t.Fatalf("status %+v %v", res, err)
 	}
 }

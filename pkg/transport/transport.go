@@ -100,7 +100,12 @@ type QueueDepth struct {
 	// Consumers counts attached consumers (for single-active-consumer
 	// queues, one is active and the rest are standing by).
 	Consumers int `json:"consumers"`
-	// Error says why the figures are missing or partial.
+	// QueueState, DLQState and SubscriptionDLQState say whether each
+	// queue's figures could be read; a figure that could not is -1.
+	QueueState           QueueState `json:"queue_state"`
+	DLQState             QueueState `json:"dlq_state"`
+	SubscriptionDLQState QueueState `json:"subscription_dlq_state"`
+	// Error says why the figures are missing or partial, in full.
 	Error string `json:"error,omitempty"`
 }
 
@@ -129,6 +134,11 @@ type RedriveRequest struct {
 	From DLQ
 	// Max bounds how many messages move (at least 1).
 	Max int
+	// Groups and Aggregates, if set, move only these message groups
+	// (aggregate ids) and aggregates ("type/id" or an id; see
+	// DLQSelection); the other messages stay where they are, in order.
+	Groups     []string
+	Aggregates []string
 	// DryRun counts what would move and moves nothing.
 	DryRun bool
 	// Progress, if set, is called as messages move: moved so far of total
@@ -151,6 +161,10 @@ type RedriveResult struct {
 	// InFlight is how many of them were received by someone else and not
 	// yet settled; -1 if the broker cannot say.
 	InFlight int64
+	// Complete, in a dry run, says Moved is exact: every selected message
+	// was counted (false when some were in flight, or the broker shows a
+	// group's later messages only once earlier ones are gone).
+	Complete bool
 }
 
 // Operations are the operator's actions that depend on the broker. The
@@ -177,6 +191,12 @@ type Operations interface {
 	// filter subjects or subscription filter): replay sends a consumer only
 	// the events it would have received.
 	Selects(consumer string, m outbox.Message) (bool, error)
+	// Peek lists a dead-letter queue's messages without taking them:
+	// nothing is left in flight and the queue keeps its order.
+	Peek(ctx context.Context, req PeekRequest) (PeekResult, error)
+	// Discard deletes the selected messages from a dead-letter queue for
+	// good, leaving every other message where it was, in order.
+	Discard(ctx context.Context, req DiscardRequest) (DiscardResult, error)
 }
 
 // Transport bundles one broker's implementations, so the wiring (Lambda

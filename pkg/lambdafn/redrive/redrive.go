@@ -5,7 +5,6 @@
 package redrive
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -100,21 +99,17 @@ func (h *Handler) Handle(ctx context.Context, cmd redrive.Command) (redrive.Resu
 }
 
 // Invoke makes Handler a lambda.Handler (register it with lambda.Start(h)):
-// it decodes the payload into a redrive.Command and runs Handle. An empty
-// payload (a CDK trigger may invoke with none) or JSON null is an empty
-// command, which runs the default operation. Unknown fields are refused,
-// naming the field, so a misspelt option is never silently ignored.
+// it decodes the payload with redrive.DecodeCommand, the decoder the CLI
+// uses too (the operations and arguments of redrive.Ops, durations in
+// seconds or as "24h"/"7d", times as RFC 3339, a date or a duration ago),
+// and runs Handle. An empty payload (a CDK trigger may invoke with none)
+// or JSON null runs the default operation. A field the operation does not
+// take is refused, naming the field, so a misspelt option is never
+// silently ignored.
 func (h *Handler) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
-	var cmd redrive.Command
-	if p := bytes.TrimSpace(payload); len(p) > 0 && !bytes.Equal(p, []byte("null")) {
-		dec := json.NewDecoder(bytes.NewReader(p))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&cmd); err != nil {
-			return nil, fmt.Errorf("redrive command: %w", err)
-		}
-		if dec.More() {
-			return nil, errors.New("redrive command: trailing data after the JSON object")
-		}
+	cmd, err := redrive.DecodeCommand(payload, h.cfg.DefaultOperation)
+	if err != nil {
+		return nil, fmt.Errorf("redrive command: %w", err)
 	}
 	res, err := h.Handle(ctx, cmd)
 	if err != nil {

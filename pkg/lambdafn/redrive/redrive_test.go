@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/aws/aws-lambda-go/lambdacontext"
@@ -67,8 +68,8 @@ func TestDefaultOperationIsCheckedAtInit(t *testing.T) {
 		{"", ""},
 		{"migrate", ""},
 		{"prune", ""},
-		{"migrat", `FIFOBOX_DEFAULT_OPERATION: unknown operation "migrat"`},
-		{"Migrate", `FIFOBOX_DEFAULT_OPERATION: unknown operation "Migrate"`},
+		{"migrat", `FIFOBOX_DEFAULT_OPERATION: operation: unknown operation "migrat"`},
+		{"Migrate", `FIFOBOX_DEFAULT_OPERATION: operation: unknown operation "Migrate"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.env, func(t *testing.T) {
@@ -80,7 +81,7 @@ func TestDefaultOperationIsCheckedAtInit(t *testing.T) {
 				}
 				return
 			}
-			if err == nil || !strings.HasPrefix(err.Error(), tt.wantErr) || !strings.Contains(err.Error(), "dlq-redrive") {
+			if err == nil || !strings.HasPrefix(err.Error(), tt.wantErr) || !strings.Contains(err.Error(), "dlq-discard") {
 				t.Fatalf("ConfigFromEnv() error %v, want it to start %q and list the operations", err, tt.wantErr)
 			}
 		})
@@ -98,13 +99,12 @@ func TestDefaultOperationIsCheckedAtInit(t *testing.T) {
 // module: it must decode into the prune it means.
 func TestRetentionSchedulePayloadDecodes(t *testing.T) {
 	const payload = `{"operation":"prune","actor":"schedule:retention","older_than":"168h","inbox_older_than":"720h"}`
-	var cmd redrive.Command
-	dec := json.NewDecoder(strings.NewReader(payload))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&cmd); err != nil {
+	cmd, err := redrive.DecodeCommand([]byte(payload), "")
+	if err != nil {
 		t.Fatalf("decode %s: %v", payload, err)
 	}
-	want := redrive.Command{Operation: redrive.OpPrune, Actor: "schedule:retention", OlderThan: "168h", InboxOlderThan: "720h"}
+	want := redrive.Command{Operation: redrive.OpPrune, Actor: "schedule:retention",
+		OlderThan: redrive.Duration(7 * 24 * time.Hour), InboxOlderThan: redrive.Duration(30 * 24 * time.Hour)}
 	if !reflect.DeepEqual(cmd, want) {
 		t.Errorf("decoded %+v, want %+v", cmd, want)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 	"time"
 
@@ -49,7 +50,9 @@ func (o *Operations) consumer(name string) (Consumer, error) {
 // Depths reports ready messages (AMQP's queue.declare-ok count; messages
 // delivered and not yet acknowledged are not in it, so InFlight is -1),
 // messages waiting in the delay queues, the DLQ's depth and the number of
-// consumers attached to the queue.
+// consumers attached to the queue. A broker that cannot be reached, or a
+// queue that does not exist, is reported in the consumer's states and
+// Error, not as Depths' error.
 func (o *Operations) Depths(ctx context.Context, consumers ...string) ([]transport.QueueDepth, error) {
 	names := consumers
 	if len(names) == 0 {
@@ -57,42 +60,57 @@ func (o *Operations) Depths(ctx context.Context, consumers ...string) ([]transpo
 			names = append(names, c.Name)
 		}
 	}
-	conn, _, err := o.out.conn.get(ctx, o.cfg.ConnectWait)
-	if err != nil {
-		return nil, fmt.Errorf("queue depths: %w", err)
-	}
 	var out []transport.QueueDepth
+	conn, _, connErr := o.out.conn.get(ctx, o.cfg.ConnectWait)
 	for _, name := range names {
+		d := transport.QueueDepth{Consumer: name, Ready: -1, InFlight: -1, DLQ: -1, DLQInFlight: -1, SubscriptionDLQState: transport.StateNone}
 		c, err := o.consumer(name)
-		if err != nil {
-			return nil, fmt.Errorf("queue depths: %w", err)
+		switch {
+		case err != nil:
+			d.QueueState, d.DLQState, d.Error = transport.StateMissing, transport.StateMissing, err.Error()
+		case connErr != nil:
+			d.QueueState, d.DLQState = transport.StateUnreachable, transport.StateUnreachable
+			d.Error = fmt.Sprintf("RabbitMQ %s unreachable: %v", o.endpoint(), connErr)
+		default:
+			o.depth(conn, c, &d)
 		}
-		d := transport.QueueDepth{Consumer: c.Name, Queue: c.QueueName(), InFlight: -1}
-		var errs []string
-		q, err := inspect(conn, c.QueueName())
-		if err != nil {
-			errs = append(errs, err.Error())
-			d.Ready = -1
-		} else {
-			d.Ready, d.Consumers = int64(q.Messages), q.Consumers
-		}
-		if q, err := inspect(conn, c.DLQName()); err != nil {
-			errs = append(errs, err.Error())
-			d.DLQ = -1
-		} else {
-			d.DLQ = int64(q.Messages)
-		}
-		for _, rq := range c.RetryQueues() {
-			if q, err := inspect(conn, rq.Name); err != nil {
-				errs = append(errs, err.Error())
-			} else {
-				d.Retrying += int64(q.Messages)
-			}
-		}
-		d.Error = strings.Join(errs, "; ")
 		out = append(out, d)
 	}
 	return out, nil
+}
+
+// endpoint is the broker's scheme and host, without credentials.
+func (o *Operations) endpoint() string {
+	if u, err := url.Parse(o.cfg.URL); err == nil && u.Host != "" {
+		return u.Scheme + "://" + u.Host
+	}
+	return "(broker)"
+}
+
+func (o *Operations) depth(conn *amqp091.Connection, c Consumer, d *transport.QueueDepth) {
+	d.Queue = c.QueueName()
+	var errs []string
+	q, err := inspect(conn, c.QueueName())
+	d.QueueState = amqpState(err)
+	if err != nil {
+		errs = append(errs, err.Error())
+	} else {
+		d.Ready, d.Consumers = int64(q.Messages), q.Consumers
+	}
+	if q, err := inspect(conn, c.DLQName()); err != nil {
+		d.DLQState = amqpState(err)
+		errs = append(errs, err.Error())
+	} else {
+		d.DLQ, d.DLQInFlight, d.DLQState = int64(q.Messages), -1, transport.StateOK
+	}
+	for _, rq := range c.RetryQueues() {
+		if q, err := inspect(conn, rq.Name); err != nil {
+			errs = append(errs, err.Error())
+		} else {
+			d.Retrying += int64(q.Messages)
+		}
+	}
+	d.Error = strings.Join(errs, "; ")
 }
 
 // inspect is a passive declare on a channel of its own (a missing queue
@@ -110,6 +128,20 @@ func inspect(conn *amqp091.Connection, queue string) (amqp091.Queue, error) {
 	return q, nil
 }
 
+// amqpState classifies a passive declare's error.
+func amqpState(err error) transport.QueueState {
+	var ae *amqp091.Error
+	switch {
+	case err == nil:
+		return transport.StateOK
+	case errors.As(err, &ae) && ae.Code == amqp091.NotFound:
+		return transport.StateMissing
+	case errors.Is(err, amqp091.ErrClosed), transport.Unreachable(err):
+		return transport.StateUnreachable
+	}
+	return transport.StateError
+}
+
 // Redrive is transport.Operations.Redrive: the consumer's DLQ (the only
 // dead-letter queue this transport has) through redrive, or in a dry run
 // its depth.
@@ -118,19 +150,26 @@ func (o *Operations) Redrive(ctx context.Context, req transport.RedriveRequest) 
 	if req.From != "" && req.From != transport.ConsumerDLQ {
 		return res, fmt.Errorf("redrive: %s: %w", req.From, transport.ErrNoSuchDLQ)
 	}
+	if len(req.Groups)+len(req.Aggregates) > 0 {
+		return o.redriveGroups(ctx, req)
+	}
+	d, err := o.Depths(ctx, req.Consumer)
+	if err != nil {
+		return res, fmt.Errorf("redrive: %w", err)
+	}
+	if len(d) != 1 || d[0].DLQ < 0 {
+		return res, fmt.Errorf("redrive: the DLQ depth of %s is unknown: %s", req.Consumer, d[0].Error)
+	}
+	// Only what the DLQ held at the start moves: a message dead-lettered
+	// again meanwhile waits for the next redrive (no cycling), and the dry
+	// run's count is the real run's.
+	res.Waiting = d[0].DLQ
+	limit := int(min(d[0].DLQ, int64(req.Max)))
 	if req.DryRun {
-		d, err := o.Depths(ctx, req.Consumer)
-		if err != nil {
-			return res, fmt.Errorf("redrive: %w", err)
-		}
-		if len(d) != 1 || d[0].DLQ < 0 {
-			return res, fmt.Errorf("redrive: the DLQ depth of %s is unknown: %v", req.Consumer, d)
-		}
-		res.Waiting = d[0].DLQ
-		res.Moved = int(min(d[0].DLQ, int64(req.Max)))
+		res.Moved, res.Complete = limit, true
 		return res, nil
 	}
-	n, err := o.redrive(ctx, req.Consumer, req.Max, req.Progress)
+	n, err := o.redrive(ctx, req.Consumer, limit, req.Progress)
 	res.Moved = n
 	return res, err
 }
@@ -150,7 +189,7 @@ func (o *Operations) redrive(ctx context.Context, consumer string, max int, prog
 		return 0, fmt.Errorf("redrive: %w", err)
 	}
 	if max < 1 {
-		return 0, errors.New("redrive: max must be at least 1")
+		return 0, nil
 	}
 	conn, _, err := o.out.conn.get(ctx, o.cfg.ConnectWait)
 	if err != nil {
@@ -182,16 +221,7 @@ func (o *Operations) redrive(ctx context.Context, consumer string, max int, prog
 		}
 		out := make([]outgoing, len(batch))
 		for i, m := range batch {
-			d := fromAMQP(m)
-			h := copyHeaders(d.headers, true)
-			for k := range h {
-				if strings.HasPrefix(k, "x-fifobox-error-") || k == HeaderConsumer || k == HeaderDeadAt {
-					delete(h, k)
-				}
-			}
-			h[o.cfg.Topology.AttemptsHeader] = int32(0)
-			h[HeaderRedriven] = int32(headerInt(d.headers[HeaderRedriven]) + 1)
-			out[i] = outgoing{exchange: "", key: c.QueueName(), msg: republish(d, m.Body, h)}
+			out[i] = o.redriven(c, m)
 		}
 		last := batch[len(batch)-1].DeliveryTag
 		if err := firstError(o.out.send(ctx, out)); err != nil {
@@ -203,11 +233,29 @@ func (o *Operations) redrive(ctx context.Context, consumer string, max int, prog
 		}
 		moved += len(batch)
 		if progress != nil {
-			progress(int64(moved), -1)
+			progress(int64(moved), int64(max))
 		}
 		o.cfg.Logger.Info("amqp redrive: moved a batch", "consumer", c.Name, "moved", moved)
 	}
 	return moved, nil
+}
+
+// redriven is m as redrive sends it back to c's queue: without the
+// x-fifobox-error-* diagnostics and x-death history, its attempts header
+// reset to 0 (a fresh retry budget) and x-fifobox-redriven incremented.
+func (o *Operations) redriven(c Consumer, m amqp091.Delivery) outgoing {
+	d := fromAMQP(m)
+	h := copyHeaders(d.headers, true)
+	for k := range h {
+		// x-delivery-count: a quorum queue's count of this message's
+		// deliveries from the DLQ (looks at it), not the consumer's.
+		if strings.HasPrefix(k, "x-fifobox-error-") || k == HeaderConsumer || k == HeaderDeadAt || k == "x-delivery-count" {
+			delete(h, k)
+		}
+	}
+	h[o.cfg.Topology.AttemptsHeader] = int32(0)
+	h[HeaderRedriven] = int32(headerInt(d.headers[HeaderRedriven]) + 1)
+	return outgoing{exchange: "", key: c.QueueName(), msg: republish(d, m.Body, h)}
 }
 
 // Replay publishes msgs to the consumer's queue only (the default exchange

@@ -2,6 +2,7 @@ package amqp_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
+	"github.com/fifobox/fifobox/pkg/transport"
 	"github.com/fifobox/fifobox/pkg/transport/amqp"
 )
 
@@ -39,8 +41,8 @@ func TestDepths(t *testing.T) {
 	if len(d) != 1 || d[0].Queue != "ticketing.notification" || d[0].DLQ != 0 || d[0].Retrying != 0 || d[0].InFlight != -1 || d[0].Error != "" {
 		t.Errorf("notification depth %+v", d)
 	}
-	if _, err := ops.Depths(ctx, "nobody"); err == nil {
-		t.Error("an unknown consumer was accepted")
+	if d, err := ops.Depths(ctx, "nobody"); err != nil || len(d) != 1 || d[0].QueueState != transport.StateMissing || !strings.Contains(d[0].Error, "not in the topology") {
+		t.Errorf("an unknown consumer: %+v %v, want it reported missing", d, err)
 	}
 }
 

@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fifobox/fifobox/pkg/outbox"
+	"github.com/fifobox/fifobox/pkg/redact"
 	"github.com/fifobox/fifobox/pkg/transport"
 )
 
@@ -62,44 +64,52 @@ func (o *Operations) Depths(ctx context.Context, consumers ...string) ([]transpo
 			names = append(names, c.Name)
 		}
 	}
-	for _, name := range names {
-		if _, err := o.consumer(name); err != nil {
-			return nil, fmt.Errorf("queue depths: %w", err)
-		}
-	}
-	_, js, err := o.out.conn.get(ctx, o.cfg.ConnectWait)
-	if err != nil {
-		return nil, fmt.Errorf("queue depths: %w", err)
-	}
 	t := &o.cfg.Topology
+	_, js, connErr := o.out.conn.get(ctx, o.cfg.ConnectWait)
 	var dlqCounts map[string]uint64
 	var dlqErr error
-	if dlq, err := js.Stream(ctx, t.DeadLetterStream); err != nil {
-		dlqErr = err
-	} else if info, err := dlq.Info(ctx, jetstream.WithSubjectFilter(t.dlqPrefix()+".>")); err != nil {
-		dlqErr = err
-	} else {
-		dlqCounts = info.State.Subjects
+	if connErr == nil {
+		if dlq, err := js.Stream(ctx, t.DeadLetterStream); err != nil {
+			dlqErr = err
+		} else if info, err := dlq.Info(ctx, jetstream.WithSubjectFilter(t.dlqPrefix()+".>")); err != nil {
+			dlqErr = err
+		} else {
+			dlqCounts = info.State.Subjects
+		}
 	}
 	var out []transport.QueueDepth
 	for _, name := range names {
-		c, _ := o.consumer(name)
-		d := transport.QueueDepth{Consumer: c.Name, Queue: t.Stream + "/" + c.Durable()}
+		d := transport.QueueDepth{Consumer: name, Ready: -1, InFlight: -1, Retrying: -1, DLQ: -1, DLQInFlight: -1,
+			SubscriptionDLQState: transport.StateNone}
+		c, err := o.consumer(name)
+		switch {
+		case err != nil:
+			d.QueueState, d.DLQState, d.Error = transport.StateMissing, transport.StateMissing, err.Error()
+			out = append(out, d)
+			continue
+		case connErr != nil:
+			d.QueueState, d.DLQState = transport.StateUnreachable, transport.StateUnreachable
+			d.Error = fmt.Sprintf("NATS %s unreachable: %v", redact.URL(o.cfg.URL), connErr)
+			out = append(out, d)
+			continue
+		}
+		d.Queue = t.Stream + "/" + c.Durable()
 		var errs []string
 		if ci, err := js.Consumer(ctx, t.Stream, c.Durable()); err != nil {
 			errs = append(errs, fmt.Sprintf("consumer %s: %v", c.Durable(), err))
-			d.Ready, d.InFlight, d.Retrying = -1, -1, -1
+			d.QueueState = natsState(err)
 		} else if info, err := ci.Info(ctx); err != nil {
 			errs = append(errs, fmt.Sprintf("consumer %s: %v", c.Durable(), err))
-			d.Ready, d.InFlight, d.Retrying = -1, -1, -1
+			d.QueueState = natsState(err)
 		} else {
 			d.Ready, d.InFlight, d.Retrying, d.Consumers = int64(info.NumPending), int64(info.NumAckPending), int64(info.NumRedelivered), info.NumWaiting
+			d.QueueState = transport.StateOK
 		}
 		if dlqErr != nil {
 			errs = append(errs, fmt.Sprintf("dead-letter stream %s: %v", t.DeadLetterStream, dlqErr))
-			d.DLQ = -1
+			d.DLQState = natsState(dlqErr)
 		} else {
-			d.DLQ = int64(dlqCounts[t.DLQSubject(c)])
+			d.DLQ, d.DLQInFlight, d.DLQState = int64(dlqCounts[t.DLQSubject(c)]), 0, transport.StateOK
 		}
 		d.Error = strings.Join(errs, "; ")
 		out = append(out, d)
@@ -107,96 +117,228 @@ func (o *Operations) Depths(ctx context.Context, consumers ...string) ([]transpo
 	return out, nil
 }
 
+// natsState classifies a JetStream lookup's error.
+func natsState(err error) transport.QueueState {
+	switch {
+	case err == nil:
+		return transport.StateOK
+	case errors.Is(err, jetstream.ErrConsumerNotFound), errors.Is(err, jetstream.ErrStreamNotFound):
+		return transport.StateMissing
+	case errors.Is(err, natsgo.ErrNoServers), errors.Is(err, natsgo.ErrConnectionClosed), errors.Is(err, natsgo.ErrTimeout),
+		errors.Is(err, context.DeadlineExceeded), transport.Unreachable(err):
+		return transport.StateUnreachable
+	}
+	return transport.StateError
+}
+
 // Redrive is transport.Operations.Redrive: the consumer's DLQ (the only
 // dead-letter queue this transport has) through redrive, or in a dry run
 // its depth.
 func (o *Operations) Redrive(ctx context.Context, req transport.RedriveRequest) (transport.RedriveResult, error) {
-	res := transport.RedriveResult{Waiting: -1, InFlight: -1}
+	res := transport.RedriveResult{Waiting: -1, InFlight: 0}
 	if req.From != "" && req.From != transport.ConsumerDLQ {
 		return res, fmt.Errorf("redrive: %s: %w", req.From, transport.ErrNoSuchDLQ)
 	}
-	if req.DryRun {
-		d, err := o.Depths(ctx, req.Consumer)
-		if err != nil {
-			return res, fmt.Errorf("redrive: %w", err)
-		}
-		if len(d) != 1 || d[0].DLQ < 0 {
-			return res, fmt.Errorf("redrive: the DLQ depth of %s is unknown: %v", req.Consumer, d)
-		}
-		res.Waiting = d[0].DLQ
-		res.Moved = int(min(d[0].DLQ, int64(req.Max)))
-		return res, nil
+	if req.Max < 1 {
+		return res, errors.New("redrive: max must be at least 1")
 	}
-	n, err := o.redrive(ctx, req.Consumer, req.Max, req.Progress)
-	res.Moved = n
-	return res, err
+	c, err := o.consumer(req.Consumer)
+	if err != nil {
+		return res, fmt.Errorf("redrive: %w", err)
+	}
+	t := &o.cfg.Topology
+	sel := transport.DLQSelection{Groups: req.Groups, Aggregates: req.Aggregates}
+	total := int64(-1)
+	if d, err := o.Depths(ctx, req.Consumer); err == nil && len(d) == 1 && d[0].DLQ >= 0 {
+		res.Waiting = d[0].DLQ
+		if sel.All() {
+			total = min(d[0].DLQ, int64(req.Max))
+		}
+	}
+	err = o.deadLetters(ctx, c, func(dlq jetstream.Stream, m *jetstream.RawStreamMsg) (bool, error) {
+		if !sel.Matches(describeMsg(m, false)) {
+			return false, nil
+		}
+		if !req.DryRun {
+			t.redriven(&m.Header)
+			rest := strings.TrimPrefix(m.Header.Get(HeaderSubject), t.SubjectPrefix+".")
+			if rest == "" || rest == m.Header.Get(HeaderSubject) {
+				rest = "redriven"
+			}
+			msg := &natsgo.Msg{Subject: t.ReplaySubjectPrefix(c) + "." + rest, Data: m.Data, Header: m.Header}
+			msg.Header[HeaderMsgID] = []string{fmt.Sprintf("redrive:%s:%s:%d", c.Name, t.DeadLetterStream, m.Sequence)}
+			if err := o.out.sendOne(ctx, outgoing{msg: msg, stream: t.Stream}); err != nil {
+				return true, fmt.Errorf("send dead letter %d to %s (it stays dead): %w", m.Sequence, msg.Subject, err)
+			}
+			if err := dlq.DeleteMsg(ctx, m.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+				return true, fmt.Errorf("delete dead letter %d (it was re-sent; the inbox drops copies): %w", m.Sequence, err)
+			}
+		}
+		res.Moved++
+		if req.Progress != nil && !req.DryRun && (res.Moved%redriveBatch == 0 || int64(res.Moved) == total) {
+			req.Progress(int64(res.Moved), total)
+		}
+		return res.Moved >= req.Max, nil
+	})
+	if err != nil {
+		return res, fmt.Errorf("redrive: after %d messages: %w", res.Moved, err)
+	}
+	res.Complete = true
+	return res, nil
 }
 
-// redrive moves up to max messages from the consumer's dead letters back to
-// it, in the order they died: it reads them in dead-letter stream order,
-// publishes each to the consumer's replay subject (which only its filters
-// select) and waits for the PubAck, then deletes it from the dead-letter
-// stream. A redriven message is a new stream message, so its delivery count,
-// and with it the retry budget, starts afresh; it loses the Fifobox-Error-*
-// diagnostics and gets Fifobox-Redriven incremented. Its Nats-Msg-Id is
-// derived from its dead-letter sequence, so a redrive that crashed between
+// deadLetters calls visit with c's dead letters in the order they died
+// (dead-letter stream order), up to the stream's last message when it
+// starts: what dies meanwhile waits for the next operation, so a redrive
+// of a message that fails again ends instead of cycling. Reading a stream
+// message takes nothing: it stays until deleted. visit's stop ends it.
+// A redriven dead letter is a new stream message, so its delivery count,
+// and with it the retry budget, starts afresh; its Nats-Msg-Id is derived
+// from its dead-letter sequence, so a redrive that crashed between
 // publishing and deleting re-publishes into the duplicate window and is
 // dropped; after the window the inbox drops the copy.
-func (o *Operations) redrive(ctx context.Context, consumer string, max int, progress func(moved, total int64)) (int, error) {
-	c, err := o.consumer(consumer)
-	if err != nil {
-		return 0, fmt.Errorf("redrive: %w", err)
-	}
-	if max < 1 {
-		return 0, errors.New("redrive: max must be at least 1")
-	}
+func (o *Operations) deadLetters(ctx context.Context, c Consumer, visit func(jetstream.Stream, *jetstream.RawStreamMsg) (stop bool, err error)) error {
 	_, js, err := o.out.conn.get(ctx, o.cfg.ConnectWait)
 	if err != nil {
-		return 0, fmt.Errorf("redrive: %w", err)
+		return fmt.Errorf("NATS %s unreachable: %w", redact.URL(o.cfg.URL), err)
 	}
 	t := &o.cfg.Topology
 	dlq, err := js.Stream(ctx, t.DeadLetterStream)
 	if err != nil {
-		return 0, fmt.Errorf("redrive: dead-letter stream %s: %w", t.DeadLetterStream, err)
+		return fmt.Errorf("dead-letter stream %s: %w", t.DeadLetterStream, err)
 	}
+	info, err := dlq.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("dead-letter stream %s: %w", t.DeadLetterStream, err)
+	}
+	last := info.State.LastSeq
 	subject := t.DLQSubject(c)
-	moved := 0
-	var next uint64 = 1
-	for moved < max {
+	for next := uint64(1); next <= last; {
 		if err := ctx.Err(); err != nil {
-			return moved, fmt.Errorf("redrive: stopped after %d messages: %w", moved, err)
+			return err
 		}
 		// The next dead letter of this consumer at or after next, by sequence.
 		m, err := dlq.GetMsg(ctx, next, jetstream.WithGetMsgSubject(subject))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return moved, nil
+			return nil
 		}
 		if err != nil {
-			return moved, fmt.Errorf("redrive: read %s after sequence %d: %w", subject, next, err)
+			return fmt.Errorf("read %s after sequence %d: %w", subject, next, err)
 		}
-		o.cfg.Topology.redriven(&m.Header)
-		rest := strings.TrimPrefix(m.Header.Get(HeaderSubject), t.SubjectPrefix+".")
-		if rest == "" || rest == m.Header.Get(HeaderSubject) {
-			rest = "redriven"
+		if m.Sequence > last {
+			return nil
 		}
-		msg := &natsgo.Msg{Subject: t.ReplaySubjectPrefix(c) + "." + rest, Data: m.Data, Header: m.Header}
-		msg.Header[HeaderMsgID] = []string{fmt.Sprintf("redrive:%s:%s:%d", c.Name, t.DeadLetterStream, m.Sequence)}
-		if err := o.out.sendOne(ctx, outgoing{msg: msg, stream: t.Stream}); err != nil {
-			return moved, fmt.Errorf("redrive: send dead letter %d to %s (it stays dead): %w", m.Sequence, msg.Subject, err)
+		stop, err := visit(dlq, m)
+		if err != nil || stop {
+			return err
 		}
-		if err := dlq.DeleteMsg(ctx, m.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-			return moved, fmt.Errorf("redrive: delete dead letter %d (it was re-sent; the inbox drops copies): %w", m.Sequence, err)
-		}
-		moved++
 		next = m.Sequence + 1
-		if moved%redriveBatch == 0 {
-			o.cfg.Logger.Info("nats redrive: progress", "consumer", c.Name, "moved", moved)
-			if progress != nil {
-				progress(int64(moved), -1)
+	}
+	return nil
+}
+
+// describeMsg is a dead letter as an operator sees it.
+func describeMsg(m *jetstream.RawStreamMsg, body bool) transport.DLQMessage {
+	d := transport.DLQMessage{ID: strconv.FormatUint(m.Sequence, 10), Group: m.Header.Get(HeaderAggregateID),
+		ErrorClass: m.Header.Get(HeaderErrorClass), ErrorReason: m.Header.Get(HeaderErrorReason)}
+	d.Describe(m.Data)
+	if t, err := time.Parse(time.RFC3339Nano, m.Header.Get(HeaderDeadAt)); err == nil {
+		d.DeadAt = &t
+	}
+	if body {
+		d.Body = string(m.Data)
+	}
+	return d
+}
+
+// Peek lists the consumer's dead letters (transport.Operations.Peek):
+// reading a stream takes nothing, so every one stays where it is.
+func (o *Operations) Peek(ctx context.Context, req transport.PeekRequest) (transport.PeekResult, error) {
+	res := transport.PeekResult{Total: -1}
+	if err := req.Validate(); err != nil {
+		return res, err
+	}
+	if req.From != "" && req.From != transport.ConsumerDLQ {
+		return res, fmt.Errorf("peek: %s: %w", req.From, transport.ErrNoSuchDLQ)
+	}
+	if req.Limit < 1 {
+		return res, errors.New("peek: limit must be at least 1")
+	}
+	c, err := o.consumer(req.Consumer)
+	if err != nil {
+		return res, fmt.Errorf("peek: %w", err)
+	}
+	seen := int64(0)
+	full := false
+	err = o.deadLetters(ctx, c, func(_ jetstream.Stream, m *jetstream.RawStreamMsg) (bool, error) {
+		seen++
+		if d := describeMsg(m, req.Bodies); req.Matches(d) {
+			res.Messages = append(res.Messages, d)
+		}
+		full = len(res.Messages) >= req.Limit
+		return full, nil
+	})
+	if err != nil {
+		return res, fmt.Errorf("peek: %w", err)
+	}
+	res.Total = seen
+	if d, derr := o.Depths(ctx, req.Consumer); derr == nil && len(d) == 1 && d[0].DLQ >= 0 {
+		res.Total = d[0].DLQ
+	}
+	res.Complete = !full || seen >= res.Total
+	return res, nil
+}
+
+// Discard deletes the selected dead letters from the dead-letter stream
+// (transport.Operations.Discard); the others stay, in order.
+func (o *Operations) Discard(ctx context.Context, req transport.DiscardRequest) (transport.DiscardResult, error) {
+	var res transport.DiscardResult
+	if err := req.Validate(); err != nil {
+		return res, err
+	}
+	if req.From != "" && req.From != transport.ConsumerDLQ {
+		return res, fmt.Errorf("discard: %s: %w", req.From, transport.ErrNoSuchDLQ)
+	}
+	if req.All() {
+		return res, errors.New("discard: select messages by group or key")
+	}
+	if req.Max < 1 {
+		return res, errors.New("discard: max must be at least 1")
+	}
+	c, err := o.consumer(req.Consumer)
+	if err != nil {
+		return res, fmt.Errorf("discard: %w", err)
+	}
+	found := map[string]bool{}
+	seen := int64(0)
+	err = o.deadLetters(ctx, c, func(dlq jetstream.Stream, m *jetstream.RawStreamMsg) (bool, error) {
+		seen++
+		if req.Progress != nil {
+			req.Progress(seen, -1)
+		}
+		d := describeMsg(m, false)
+		if !req.Matches(d) {
+			return false, nil
+		}
+		if !req.DryRun {
+			if err := dlq.DeleteMsg(ctx, m.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+				return true, fmt.Errorf("delete dead letter %d: %w", m.Sequence, err)
 			}
 		}
+		res.Discarded = append(res.Discarded, d)
+		found[d.Key], found[d.ID] = true, true
+		return len(res.Discarded) >= req.Max, nil
+	})
+	for _, k := range req.Keys {
+		if !found[k] {
+			res.Missing = append(res.Missing, k)
+		}
 	}
-	return moved, nil
+	res.Complete = err == nil
+	if err != nil {
+		return res, fmt.Errorf("discard: %w", err)
+	}
+	return res, nil
 }
 
 // redriven strips the dead-letter diagnostics from h and counts the redrive.

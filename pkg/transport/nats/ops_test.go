@@ -2,6 +2,7 @@ package nats_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
+	"github.com/fifobox/fifobox/pkg/transport"
 	nats "github.com/fifobox/fifobox/pkg/transport/nats"
 )
 
@@ -42,8 +44,8 @@ func TestDepths(t *testing.T) {
 	if d[1].Consumer != "notification" || d[1].Queue != cfg.Topology.Stream+"/notification" || d[1].DLQ != 0 || d[1].InFlight != 0 || d[1].Error != "" {
 		t.Errorf("notification depth %+v", d[1])
 	}
-	if _, err := ops.Depths(ctx, "nobody"); err == nil {
-		t.Error("an unknown consumer was accepted")
+	if d, err := ops.Depths(ctx, "nobody"); err != nil || len(d) != 1 || d[0].QueueState != transport.StateMissing || !strings.Contains(d[0].Error, "not in the topology") {
+		t.Errorf("an unknown consumer: %+v %v, want it reported missing", d, err)
 	}
 }
 

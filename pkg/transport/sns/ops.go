@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/aws/smithy-go"
 	"github.com/google/uuid"
 
 	"github.com/fifobox/fifobox/pkg/outbox"
@@ -34,42 +36,140 @@ var _ transport.Operations = (*Operations)(nil)
 
 // Depths reports each consumer's approximate queue, DLQ and subscription
 // DLQ depths (SQS GetQueueAttributes). Consumers default to those of
-// FIFOBOX_QUEUES, else the topology's. A queue that cannot be read sets
-// the consumer's Error and leaves the rest of the report intact.
+// FIFOBOX_QUEUES, else the topology's. A queue that cannot be read gets its
+// state (missing, unreachable, error), -1 figures and the consumer's Error,
+// and leaves the rest of the report intact; once SQS proved unreachable the
+// remaining consumers are reported so without waiting out the SDK's
+// retries again.
 func (o *Operations) Depths(ctx context.Context, consumers ...string) ([]transport.QueueDepth, error) {
 	names := consumers
 	if len(names) == 0 {
 		names = o.t.consumerNames()
 	}
 	out := make([]transport.QueueDepth, 0, len(names))
+	var down error
 	for _, name := range names {
-		out = append(out, o.depth(ctx, name))
+		if down != nil {
+			d := unknownDepth(name)
+			d.QueueState, d.DLQState, d.SubscriptionDLQState = transport.StateUnreachable, transport.StateUnreachable, transport.StateUnreachable
+			d.Error = down.Error() // the same SQS, not asked again
+			out = append(out, d)
+			continue
+		}
+		d, err := o.depth(ctx, name)
+		if err != nil && transport.Unreachable(err) {
+			down = err
+		}
+		out = append(out, d)
 	}
 	return out, nil
 }
 
-func (o *Operations) depth(ctx context.Context, name string) transport.QueueDepth {
-	d := transport.QueueDepth{Consumer: name, Consumers: -1}
+func unknownDepth(name string) transport.QueueDepth {
+	return transport.QueueDepth{Consumer: name, Consumers: -1, Ready: -1, InFlight: -1, DLQ: -1, DLQInFlight: -1, SubscriptionDLQ: -1}
+}
+
+// known reports whether the transport can locate consumer's queues: it is
+// in FIFOBOX_QUEUES when that is set, else in the topology.
+func (o *Operations) known(consumer string) error {
+	if len(o.t.cfg.Queues) > 0 {
+		if _, ok := o.t.cfg.Queues[consumer]; !ok {
+			return fmt.Errorf("consumer %q has no queues in %s (known: %s)", consumer, EnvQueues, strings.Join(o.t.cfg.Queues.Names(), ", "))
+		}
+		return nil
+	}
+	if _, ok := o.t.cfg.Topology.Consumer(consumer); !ok {
+		var names []string
+		for _, c := range o.t.cfg.Topology.Consumers {
+			names = append(names, c.Name)
+		}
+		return fmt.Errorf("consumer %q is not in the topology (known: %s)", consumer, strings.Join(names, ", "))
+	}
+	return nil
+}
+
+// depth reads one consumer's figures; err is the first failure (also in
+// the depth's Error), for Depths to tell an unreachable SQS.
+func (o *Operations) depth(ctx context.Context, name string) (transport.QueueDepth, error) {
+	d := unknownDepth(name)
+	fail := func(state transport.QueueState, err error) (transport.QueueDepth, error) {
+		d.QueueState, d.DLQState, d.SubscriptionDLQState = state, state, state
+		d.Error = err.Error()
+		return d, err
+	}
+	if err := o.known(name); err != nil {
+		return fail(transport.StateMissing, err)
+	}
 	q, err := o.t.queues(ctx, name)
 	if err != nil {
-		d.Error = err.Error()
-		return d
+		err = sqsError(err)
+		return fail(sqsState(err), err)
 	}
 	d.Queue = q.QueueURL[strings.LastIndex(q.QueueURL, "/")+1:]
-	if d.Ready, d.InFlight, err = o.queueDepth(ctx, q.QueueURL); err != nil {
-		d.Error = "queue: " + err.Error()
-		return d
-	}
-	if d.DLQ, d.DLQInFlight, err = o.queueDepth(ctx, q.DLQURL); err != nil {
-		d.Error = "dlq: " + err.Error()
-		return d
-	}
-	if q.SubscriptionDLQURL != "" {
-		if d.SubscriptionDLQ, _, err = o.queueDepth(ctx, q.SubscriptionDLQURL); err != nil {
-			d.Error = "subscription dlq: " + err.Error()
+	var errs []string
+	read := func(what, url string, visible, inFlight *int64, state *transport.QueueState) {
+		v, f, err := o.queueDepth(ctx, url)
+		if err != nil {
+			err = sqsError(err)
+			*state = sqsState(err)
+			errs = append(errs, what+" "+url+": "+err.Error())
+			return
+		}
+		*visible, *state = v, transport.StateOK
+		if inFlight != nil {
+			*inFlight = f
 		}
 	}
-	return d
+	read("queue", q.QueueURL, &d.Ready, &d.InFlight, &d.QueueState)
+	if d.QueueState == transport.StateUnreachable {
+		d.DLQState, d.SubscriptionDLQState = transport.StateUnreachable, transport.StateUnreachable
+		d.Error = strings.Join(errs, "; ")
+		return d, errors.New(d.Error)
+	}
+	read("dlq", q.DLQURL, &d.DLQ, &d.DLQInFlight, &d.DLQState)
+	if q.SubscriptionDLQURL != "" {
+		read("subscription dlq", q.SubscriptionDLQURL, &d.SubscriptionDLQ, nil, &d.SubscriptionDLQState)
+	} else {
+		d.SubscriptionDLQ, d.SubscriptionDLQState = 0, transport.StateNone
+	}
+	if len(errs) > 0 {
+		d.Error = strings.Join(errs, "; ")
+		return d, errors.New(d.Error)
+	}
+	return d, nil
+}
+
+// sqsNotFound are the error codes SQS (and the emulators) answer for a
+// queue that does not exist.
+var sqsNotFound = map[string]bool{"AWS.SimpleQueueService.NonExistentQueue": true, "QueueDoesNotExist": true, "NonExistentQueue": true}
+
+// sqsState classifies an SQS error.
+func sqsState(err error) transport.QueueState {
+	var nf *sqstypes.QueueDoesNotExist
+	var api smithy.APIError
+	switch {
+	case err == nil:
+		return transport.StateOK
+	case errors.As(err, &nf), errors.As(err, &api) && sqsNotFound[api.ErrorCode()]:
+		return transport.StateMissing
+	case transport.Unreachable(err):
+		return transport.StateUnreachable
+	}
+	return transport.StateError
+}
+
+// sqsError names the endpoint of an SQS call that could not reach it (the
+// SDK's own message buries it after its retries).
+func sqsError(err error) error {
+	var u *url.Error
+	if transport.Unreachable(err) && errors.As(err, &u) {
+		endpoint := u.URL
+		if p, perr := url.Parse(u.URL); perr == nil {
+			endpoint = p.Scheme + "://" + p.Host
+		}
+		return fmt.Errorf("SQS endpoint %s unreachable: %w", endpoint, u.Err)
+	}
+	return err
 }
 
 func (o *Operations) queueDepth(ctx context.Context, url string) (visible, inFlight int64, err error) {
@@ -110,33 +210,40 @@ func (o *Operations) Redrive(ctx context.Context, req transport.RedriveRequest) 
 	if req.Max < 1 {
 		return res, errors.New("redrive: max must be at least 1")
 	}
-	q, err := o.t.queues(ctx, req.Consumer)
+	q, source, from, err := o.source(ctx, req.Consumer, req.From)
 	if err != nil {
 		return res, err
 	}
-	source, from := q.DLQURL, "the DLQ"
 	fromSubscription := req.From == transport.SubscriptionDLQ
-	switch {
-	case fromSubscription && q.SubscriptionDLQURL == "":
-		return res, fmt.Errorf("consumer %q has no subscription_dlq_url in %s", req.Consumer, EnvQueues)
-	case fromSubscription:
-		source, from = q.SubscriptionDLQURL, "the subscription DLQ"
-	case req.From != "" && req.From != transport.ConsumerDLQ:
-		return res, fmt.Errorf("redrive: %s: %w", req.From, transport.ErrNoSuchDLQ)
-	}
+	sel := transport.DLQSelection{Groups: req.Groups, Aggregates: req.Aggregates}
 	if visible, inFlight, err := o.queueDepth(ctx, source); err != nil {
 		if req.DryRun {
-			return res, err
+			return res, sqsError(err)
 		}
 	} else {
 		res.Waiting, res.InFlight = visible, inFlight
 	}
-	if req.DryRun {
+	if req.DryRun && sel.All() {
+		// Every visible message moves (those in flight only if they come
+		// back while the redrive runs): exact when nothing is in flight.
 		res.Moved = int(min(res.Waiting, int64(req.Max)))
+		res.Complete = res.InFlight == 0
 		return res, nil
 	}
+	if req.DryRun {
+		seen, n := 0, 0
+		complete, err := o.scan(ctx, source, 0, func(m sqstypes.Message) (bool, bool) {
+			seen++
+			if sel.Matches(o.describe(m, fromSubscription, false)) && n < req.Max {
+				n++
+			}
+			return false, false
+		})
+		res.Moved, res.Complete = n, complete && int64(seen) >= res.Waiting
+		return res, err
+	}
 	total := int64(-1)
-	if res.Waiting >= 0 {
+	if res.Waiting >= 0 && sel.All() {
 		total = min(res.Waiting, int64(req.Max))
 	}
 	run := uuid.NewString() // this redrive's deduplication ids
@@ -146,6 +253,11 @@ func (o *Operations) Redrive(ctx context.Context, req transport.RedriveRequest) 
 	// order and exactly-once).
 	cutoff := time.Now()
 	stopped := map[string]bool{} // groups whose next message is newer than the cutoff
+	// Messages received and not moved (other groups, or dead-lettered
+	// again during the redrive) stay in flight until the redrive ends, so
+	// it does not receive them again; then they are made visible, in place.
+	var kept keptMessages
+	defer kept.release(ctx, o.t.cfg.SQS, source)
 	empties := 0
 	for res.Moved < req.Max && empties < 2 {
 		if err := ctx.Err(); err != nil {
@@ -155,27 +267,32 @@ func (o *Operations) Redrive(ctx context.Context, req transport.RedriveRequest) 
 			QueueUrl:            aws.String(source),
 			MaxNumberOfMessages: int32(min(sqsBatchSize, req.Max-res.Moved)),
 			WaitTimeSeconds:     1,
-			VisibilityTimeout:   60,
+			VisibilityTimeout:   scanVisibility,
 			MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameMessageGroupId,
 				sqstypes.MessageSystemAttributeNameSentTimestamp},
 			MessageAttributeNames: []string{"All"},
 		})
 		if err != nil {
-			return res, fmt.Errorf("receive from %s: %w", from, err)
+			return res, fmt.Errorf("receive from %s: %w", from, sqsError(err))
 		}
 		var entries []sqstypes.SendMessageBatchRequestEntry
 		var dels []sqstypes.DeleteMessageBatchRequestEntry
 		for i, m := range out.Messages {
 			group := m.Attributes[string(sqstypes.MessageSystemAttributeNameMessageGroupId)]
 			if group == "" {
+				kept.add(m)
 				return res, fmt.Errorf("message %s in %s has no MessageGroupId (is it a FIFO queue?)", aws.ToString(m.MessageId), from)
+			}
+			if !sel.All() && !sel.Matches(o.describe(m, fromSubscription, false)) {
+				kept.add(m)
+				continue
 			}
 			if stopped[group] || sentAfter(m, cutoff) {
 				// Dead-lettered after the redrive started: it and the
-				// rest of its group stay (invisible for the receive's
-				// visibility timeout, so this run does not see them again).
+				// rest of its group stay for the next redrive.
 				stopped[group] = true
 				res.Left++
+				kept.add(m)
 				continue
 			}
 			body, attrs := redriven(m, fromSubscription)
@@ -195,7 +312,10 @@ func (o *Operations) Redrive(ctx context.Context, req transport.RedriveRequest) 
 		}
 		empties = 0
 		if err := o.sendBatch(ctx, q.QueueURL, entries); err != nil {
-			// Nothing deleted: the messages reappear in the DLQ after the visibility timeout.
+			// Nothing deleted: the messages are made visible again in the DLQ.
+			for _, d := range dels {
+				kept.handles = append(kept.handles, aws.ToString(d.ReceiptHandle))
+			}
 			return res, err
 		}
 		dout, err := o.t.cfg.SQS.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: aws.String(source), Entries: dels})
@@ -211,6 +331,28 @@ func (o *Operations) Redrive(ctx context.Context, req transport.RedriveRequest) 
 		}
 	}
 	return res, nil
+}
+
+// source returns consumer's queues and the URL and description of the
+// dead-letter queue from.
+func (o *Operations) source(ctx context.Context, consumer string, from transport.DLQ) (q QueueURLs, url, what string, err error) {
+	if err := o.known(consumer); err != nil {
+		return q, "", "", err
+	}
+	q, err = o.t.queues(ctx, consumer)
+	if err != nil {
+		return q, "", "", sqsError(err)
+	}
+	switch from {
+	case transport.SubscriptionDLQ:
+		if q.SubscriptionDLQURL == "" {
+			return q, "", "", fmt.Errorf("consumer %q has no subscription_dlq_url in %s", consumer, EnvQueues)
+		}
+		return q, q.SubscriptionDLQURL, "the subscription DLQ", nil
+	case "", transport.ConsumerDLQ:
+		return q, q.DLQURL, "the DLQ", nil
+	}
+	return q, "", "", fmt.Errorf("redrive: %s: %w", from, transport.ErrNoSuchDLQ)
 }
 
 func sentAfter(m sqstypes.Message, cutoff time.Time) bool {

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -50,7 +50,7 @@ func TestStatusThroughRabbitMQ(t *testing.T) {
 		t.Fatalf("output %q: %v", out, err)
 	}
 	got := map[string]bool{}
-	for _, q := range res.Status.Queues {
+	for _, q := range res.Status.Queues.Consumers {
 		if q.Error != "" {
 			t.Errorf("%s: %s", q.Consumer, q.Error)
 		}
@@ -114,7 +114,7 @@ func TestStatusThroughNATS(t *testing.T) {
 		t.Fatalf("output %q: %v", out, err)
 	}
 	got := map[string]bool{}
-	for _, q := range res.Status.Queues {
+	for _, q := range res.Status.Queues.Consumers {
 		if q.Error != "" {
 			t.Errorf("%s: %s", q.Consumer, q.Error)
 		}
@@ -161,7 +161,7 @@ func TestProvisionAndConsumeThroughNATS(t *testing.T) {
 	t.Setenv("FIFOBOX_REDRIVE_FUNCTION", "")
 	for i := range 2 {
 		out, errOut, err := runCLI(t, "provision")
-		if err != nil || out != "nats topology provisioned\n" {
+		if err != nil || !strings.HasPrefix(out, "nats topology provisioned: NATS JetStream") {
 			t.Fatalf("provision %d: %q %v: %s", i, out, err, errOut)
 		}
 	}
