@@ -5,31 +5,20 @@ package outbox
 // no advisory locks), so it runs unchanged through RDS Proxy or pgbouncer in
 // transaction mode.
 
-// sqlReserveSeq bumps each aggregate's counter by the number of new events
-// and returns the new last sequence. The upsert row-locks the aggregate until
-// the caller commits: writers of one aggregate serialise, so sequence order is
-// commit order and a dispatcher never sees N+1 committed before N.
-const sqlReserveSeq = `
-INSERT INTO outbox_aggregates (aggregate_type, aggregate_id, last_seq)
-SELECT t, i, n FROM unnest($1::text[], $2::text[], $3::bigint[]) AS u(t, i, n)
-ON CONFLICT (aggregate_type, aggregate_id)
-DO UPDATE SET last_seq = outbox_aggregates.last_seq + EXCLUDED.last_seq
-RETURNING aggregate_type, aggregate_id, last_seq`
-
-// sqlInsertEvents inserts the events and one wake-up per aggregate written
-// ($10, $11): the dispatcher's claim consumes wake-ups to find aggregates
-// with new events (migrations/00009_outbox_heads.sql explains why producers
-// never touch the dispatcher's heads directly).
-const sqlInsertEvents = `
-WITH wake AS (
-    INSERT INTO outbox_wakeups (aggregate_type, aggregate_id)
-    SELECT * FROM unnest($10::text[], $11::text[])
-)
-INSERT INTO outbox (event_id, event_type, aggregate_type, aggregate_id, aggregate_seq,
-                    tenant_id, traceparent, occurred_at, body)
-SELECT e, ty, at, ai, s, NULLIF(te, ''), NULLIF(tp, ''), o, b
-FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::bigint[],
-            $6::text[], $7::text[], $8::timestamptz[], $9::bytea[]) AS u(e, ty, at, ai, s, te, tp, o, b)`
+// sqlEnqueue writes events through fifobox_enqueue_events (migrations
+// 00013, 00014; SECURITY DEFINER since 00038), the one implementation behind
+// every enqueue path: it validates each event again (a producer's rights
+// reach the outbox only through it or the insert trigger), reserves the
+// sequences (aggregates in byte order, each counter row-locked until the
+// caller commits, so sequence order is commit order), builds each body as
+// envelope.Encode does and writes one wake-up per aggregate. One round trip.
+//
+// Per event: $1 id, $2 type, $3 occurred_at, $4 aggregate type, $5 aggregate
+// id, $6 tenant, $7 correlation id, $8 causation id, $9 traceparent, $10
+// tracestate, $11 schema version, $12 payload; $13 the message size limit.
+const sqlEnqueue = `
+SELECT count(*) FROM fifobox_enqueue_events($1::text[], $2::text[], $3::timestamptz[], $4::text[], $5::text[],
+    $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::bigint[], $12::text[], $13::integer)`
 
 // sqlClaim is the dispatcher's claim: outbox_claim_runs, defined with the
 // design it rests on in migrations/00009_outbox_heads.sql (outbox_claim_heads
@@ -106,10 +95,10 @@ SELECT
                          ORDER BY o.aggregate_seq LIMIT 1) o
      WHERE h.state = 'ready' AND NOT h.backing_off)`
 
-// sqlPrune deletes up to $2 sent (or discarded) rows older than $1, oldest first.
-const sqlPrune = `
-DELETE FROM outbox WHERE id IN (
-    SELECT id FROM outbox WHERE state IN ('sent', 'discarded') AND sent_at < $1 ORDER BY id LIMIT $2)`
+// sqlPrune deletes up to $2 sent (or discarded) rows older than $1, oldest
+// first (outbox_prune, migrations/00038: the operations role has no DELETE on
+// the outbox, so it cannot delete an event still to be published).
+const sqlPrune = `SELECT outbox_prune($1::timestamptz, $2::integer)`
 
 // sqlRequeueDead, sqlDiscardDead and sqlRebuildHeads are the operator's
 // actions on dead events and heads (functions in migrations/00009).

@@ -74,12 +74,12 @@ func Prune(ctx context.Context, db DB, olderThan time.Duration, batch int) (int6
 		if err := ctx.Err(); err != nil {
 			return total, fmt.Errorf("prune: %w", err)
 		}
-		tag, err := db.Exec(ctx, sqlPrune, cutoff, batch)
-		if err != nil {
+		var n int64
+		if err := db.QueryRow(ctx, sqlPrune, cutoff, batch).Scan(&n); err != nil {
 			return total, fmt.Errorf("prune sent events: %w", err)
 		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < int64(batch) {
+		total += n
+		if n < int64(batch) {
 			return total, nil
 		}
 	}
