@@ -93,7 +93,32 @@ SELECT
                          WHERE o.aggregate_type = h.aggregate_type AND o.aggregate_id = h.aggregate_id
                            AND o.aggregate_seq >= h.next_seq AND o.state = 'pending'
                          ORDER BY o.aggregate_seq LIMIT 1) o
-     WHERE h.state = 'ready' AND NOT h.backing_off)`
+     WHERE h.state = 'ready' AND NOT h.backing_off),
+    -- Stranded: pending longer than StrandedAfter, and no claim can reach
+    -- it: no ready or dead head at or below its sequence (none, or idle)
+    -- and no wake-up for its aggregate. Only a write that bypassed the
+    -- enqueue path and its trigger (the table owner setting aggregate_seq)
+    -- or a head moved by hand gets there. An event below its head's
+    -- next_seq is left out: the dispatcher is past it. Bounded: the oldest
+    -- ` + strandedScan + ` pending events (outbox_pending_idx, in id order), one
+    -- head probe each; a stranded event never moves, so it stays among the
+    -- oldest until it is repaired.
+    (SELECT count(*) FROM (
+        SELECT o.aggregate_type, o.aggregate_id, o.aggregate_seq, o.created_at
+        FROM outbox o WHERE o.state = 'pending' ORDER BY o.id LIMIT ` + strandedScan + `) o
+     WHERE o.created_at < now() - interval '` + strandedAfterSQL + `'
+       AND NOT EXISTS (SELECT 1 FROM outbox_heads h
+                       WHERE h.aggregate_type = o.aggregate_type AND h.aggregate_id = o.aggregate_id
+                         AND (h.state IN ('ready', 'dead') OR h.next_seq > o.aggregate_seq)
+                       OFFSET 0) -- a primary-key probe per event, never a join that reads every head
+       AND (o.aggregate_type, o.aggregate_id) NOT IN (SELECT w.aggregate_type, w.aggregate_id FROM outbox_wakeups w))`
+
+// strandedAfterSQL is StrandedAfter as sqlStats writes it; strandedScan how
+// many of the oldest pending events it examines for stranded ones.
+const (
+	strandedAfterSQL = "300 seconds"
+	strandedScan     = "10000"
+)
 
 // sqlPrune deletes up to $2 sent (or discarded) rows older than $1, oldest
 // first (outbox_prune, migrations/00038: the operations role has no DELETE on

@@ -35,14 +35,26 @@ type Backlog struct {
 	ParkedAggregates int64
 	// OldestPendingAge is how long the oldest pending event has waited (publish lag); 0 if none.
 	OldestPendingAge time.Duration
+	// StrandedEvents counts events pending longer than StrandedAfter that no
+	// claim can reach (no ready or dead head at or below them, no wake-up):
+	// written around the enqueue path, e.g. by the table owner with
+	// aggregate_seq set, or behind a head moved by hand. They are never
+	// published until RebuildHeads (`fifobox repair-heads`) derives their
+	// heads. Among the oldest 10,000 pending events.
+	StrandedEvents int64
 }
+
+// StrandedAfter is how long an unreachable pending event waits before it
+// counts as stranded: far longer than a wake-up takes to be consumed (the
+// next claim), so a live event is never counted.
+const StrandedAfter = 300 * time.Second
 
 // Stats reads the current backlog.
 func Stats(ctx context.Context, db DB) (Backlog, error) {
 	var b Backlog
 	var age, dueAge *float64
 	err := db.QueryRow(ctx, sqlStats).Scan(&b.Pending, &b.Dead, &b.ParkedAggregates, &b.InFlight, &age,
-		&b.DueEvents, &b.BackingOffEvents, &b.ParkedEvents, &b.RetryingAggregates, &dueAge)
+		&b.DueEvents, &b.BackingOffEvents, &b.ParkedEvents, &b.RetryingAggregates, &dueAge, &b.StrandedEvents)
 	if err != nil {
 		return Backlog{}, fmt.Errorf("outbox stats: %w", err)
 	}
