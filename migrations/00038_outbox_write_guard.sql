@@ -43,6 +43,12 @@
 --     (prune), so it can neither rewrite a body nor delete or mark sent an
 --     event that is still to be published.
 --   fifobox_consumer has no right on any outbox table (unchanged).
+-- Upgrading: producers that log in as fifobox_producer must run a fifobox
+-- library whose Enqueue calls fifobox_enqueue_events (this version) before
+-- this migration runs; the previous Enqueue wrote outbox_aggregates itself
+-- and is refused from here on. The new Enqueue works before and after it
+-- (TestEnqueueAcrossTheGuardMigration). SQL producers are unaffected.
+--
 -- Every SECURITY DEFINER function here runs with search_path pinned to the
 -- schema the migration runs in (and pg_temp last), so a caller's
 -- search_path cannot substitute its own tables or functions.

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fifobox/fifobox/internal/pgtest"
+	"github.com/fifobox/fifobox/migrations"
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
 )
@@ -303,4 +304,35 @@ func envelopeJSON(e envelope.Envelope, v any) error {
 		return fmt.Errorf("payload %s: %w", e.Payload, err)
 	}
 	return nil
+}
+
+// The rolling upgrade: producers take the new library first (Enqueue calls
+// fifobox_enqueue_events, which the producer role could already run before
+// 00038), then the migration runs under them; the events of both sides of
+// it are published in order. (The previous library's Enqueue, which wrote
+// outbox_aggregates itself, is refused by 00038 under fifobox_producer.)
+func TestEnqueueAcrossTheGuardMigration(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewEmpty(t)
+	ctx := context.Background()
+	if err := migrations.UpTo(ctx, db.Pool, 21); err != nil {
+		t.Fatal(err)
+	}
+	producer := loginAs(ctx, t, db, "fifobox_producer")
+	enqueue := func(typ string) {
+		t.Helper()
+		if err := pgx.BeginFunc(ctx, producer, func(tx pgx.Tx) error {
+			return outbox.Enqueue(ctx, tx, orderEvent("o-1", typ, `{"order_id":"o-1"}`))
+		}); err != nil {
+			t.Fatalf("enqueue %s: %v", typ, err)
+		}
+	}
+	enqueue("order.created")
+	if err := migrations.Up(ctx, db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	enqueue("order.paid")
+	if got := drainAs(ctx, t, db); len(got["o-1"]) != 2 || got["o-1"][1].Type != "order.paid" {
+		t.Fatalf("published %v, want o-1's two events in order", got)
+	}
 }
