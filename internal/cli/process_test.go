@@ -359,7 +359,7 @@ func TestDispatchAndConsumeSurviveSIGTERMMidBatch(t *testing.T) {
 		t.Errorf("dispatcher output lacks its stop line:\n%s", d.out)
 	}
 	var sent, maxAttempts int
-	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'sent'), coalesce(max(attempts), 0) FROM outbox`).Scan(&sent, &maxAttempts); err != nil {
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'sent'), coalesce(max(attempts), 0) FROM outbox_events`).Scan(&sent, &maxAttempts); err != nil {
 		t.Fatal(err)
 	}
 	if sent == 0 || maxAttempts != 1 {
@@ -372,14 +372,14 @@ func TestDispatchAndConsumeSurviveSIGTERMMidBatch(t *testing.T) {
 	deadline := time.Now().Add(60 * time.Second)
 	for sent < len(all) && time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond)
-		_ = db.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE state = 'sent'`).Scan(&sent)
+		_ = db.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox_events WHERE state = 'sent'`).Scan(&sent)
 	}
 	checkHealthy(t, d, alive)
 	d.stop(t, nil)
 	if _, err := os.Stat(alive); !os.IsNotExist(err) {
 		t.Errorf("liveness file left behind after the stop: %v", err)
 	}
-	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'sent'), max(attempts) FROM outbox`).Scan(&sent, &maxAttempts); err != nil || sent != len(all) || maxAttempts != 1 {
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'sent'), max(attempts) FROM outbox_events`).Scan(&sent, &maxAttempts); err != nil || sent != len(all) || maxAttempts != 1 {
 		t.Fatalf("%d of %d sent, attempts up to %d (%v)", sent, len(all), maxAttempts, err)
 	}
 
