@@ -28,10 +28,14 @@
 --     keeps it off the enqueue functions' path, which assigns sequences
 --     itself.
 --   * Only an insert that sets aggregate_seq itself (the table owner,
---     e.g. a restore that keeps sequences) skips all of this; what it
---     strands shows in `fifobox status` and in the OutboxStrandedEvents
---     alarm (sqlStats in pkg/outbox/sql.go), and `fifobox repair-heads`
---     makes it claimable.
+--     e.g. a restore that keeps sequences) skips all of this. The trigger
+--     records such a row in outbox_unannounced (the enqueue functions,
+--     which set fifobox.writer, are not recorded): one still unsent and
+--     unreachable after 5 minutes counts as stranded in `fifobox status`
+--     and the OutboxStrandedEvents alarm (sqlStats in pkg/outbox/sql.go:
+--     O(recorded rows), as the outbox has no index on unsent events since
+--     00030), and `fifobox repair-heads` (outbox_repair_heads) makes it
+--     claimable and clears the record.
 --
 -- The other roles (00011) lose what their job does not need:
 --   fifobox_dispatcher may update only the columns a mark writes (state,
@@ -84,6 +88,14 @@ DECLARE
     sized bigint;
     seq bigint;
 BEGIN
+    IF NEW.aggregate_seq IS NOT NULL THEN
+        -- Written around the enqueue path (only the owner can set it):
+        -- kept as written, and recorded for the stranded figure.
+        INSERT INTO outbox_unannounced (event_row, aggregate_type, aggregate_id, aggregate_seq, created_at)
+        VALUES (NEW.id, NEW.aggregate_type, NEW.aggregate_id, NEW.aggregate_seq, coalesce(NEW.created_at, now()))
+        ON CONFLICT (event_row) DO NOTHING;
+        RETURN NEW;
+    END IF;
     BEGIN
         doc := convert_from(NEW.body, 'UTF8')::json;
     EXCEPTION WHEN others THEN
@@ -198,21 +210,70 @@ END
 $f$;
 -- +goose StatementEnd
 
-CREATE TRIGGER outbox_guard_insert BEFORE INSERT ON outbox
-    FOR EACH ROW WHEN (NEW.aggregate_seq IS NULL) EXECUTE FUNCTION outbox_guard_insert();
+-- Rows written with aggregate_seq set, other than by the enqueue functions:
+-- what the stranded figure looks at (see above). Rows, not aggregates: a
+-- restore's events each get one; outbox_repair_heads empties it.
+CREATE TABLE outbox_unannounced (
+    event_row      bigint      PRIMARY KEY, -- outbox.id
+    aggregate_type text        NOT NULL,
+    aggregate_id   text        NOT NULL,
+    aggregate_seq  bigint      NOT NULL,
+    created_at     timestamptz NOT NULL
+);
+GRANT SELECT ON outbox_unannounced TO fifobox_dispatcher, fifobox_operations;
 
--- outbox_prune deletes up to max_rows sent or discarded events older than
--- cutoff, oldest first (what sqlPrune ran as the operations role, which now
--- has no DELETE on the outbox). Returns how many it deleted.
+-- The enqueue functions say who they are (fifobox.writer, set for their
+-- call only: see the DO block below), so the trigger stays off their path.
+CREATE TRIGGER outbox_guard_insert BEFORE INSERT ON outbox
+    FOR EACH ROW WHEN (NEW.aggregate_seq IS NULL OR current_setting('fifobox.writer', true) IS DISTINCT FROM 'enqueue')
+    EXECUTE FUNCTION outbox_guard_insert();
+
+-- outbox_repair_heads is outbox_rebuild_heads (every aggregate with an
+-- unsent event gets a head at its lowest one; safe while dispatchers run)
+-- that also clears the record of rows written around the enqueue path,
+-- claimable from now on. What `fifobox repair-heads` and
+-- outbox.RebuildHeads run.
 -- +goose StatementBegin
-CREATE FUNCTION outbox_prune(cutoff timestamptz, max_rows integer) RETURNS bigint
+CREATE FUNCTION outbox_repair_heads() RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $repair$
+DECLARE
+    n bigint;
+BEGIN
+    n := outbox_rebuild_heads();
+    DELETE FROM outbox_unannounced;
+    RETURN n;
+END
+$repair$;
+-- +goose StatementEnd
+
+-- outbox_prune is the prune statement of pkg/outbox (migrations/00030's
+-- watermark: an event is sent when below its head's next_seq) as a
+-- function, because the operations role that runs it has no DELETE on the
+-- outbox: among the max_rows rows after id after_id it deletes the sent and
+-- discarded ones created (legacy 'sent' rows: sent) before cutoff, and
+-- returns how many, the last id it looked at (NULL: end of the table) and
+-- whether it saw a row younger than cutoff (ids grow with time: nothing
+-- further is old enough). One primary-key probe of outbox_heads per row.
+-- +goose StatementBegin
+CREATE FUNCTION outbox_prune(after_id bigint, max_rows integer, cutoff timestamptz)
+RETURNS TABLE (deleted bigint, last_id bigint, young boolean)
 LANGUAGE sql VOLATILE SECURITY DEFINER AS $prune$
-WITH gone AS (
-    DELETE FROM outbox WHERE id IN (
-        SELECT id FROM outbox WHERE state IN ('sent', 'discarded') AND sent_at < cutoff ORDER BY id LIMIT max_rows)
+WITH w AS MATERIALIZED (
+    SELECT o.id, o.state, o.aggregate_type, o.aggregate_id, o.aggregate_seq, o.created_at, o.sent_at
+    FROM outbox o WHERE o.id > after_id ORDER BY o.id LIMIT max_rows
+), del AS (
+    DELETE FROM outbox d USING w
+    WHERE d.id = w.id
+      AND CASE WHEN w.state IN ('sent', 'discarded') THEN coalesce(w.sent_at, w.created_at) < cutoff
+               WHEN w.state = 'pending' THEN w.created_at < cutoff
+                    AND w.aggregate_seq < (SELECT h.next_seq FROM outbox_heads h
+                                           WHERE h.aggregate_type = w.aggregate_type AND h.aggregate_id = w.aggregate_id)
+               ELSE false END
     RETURNING 1
 )
-SELECT count(*) FROM gone
+SELECT (SELECT count(*) FROM del), (SELECT max(id) FROM w),
+       coalesce((SELECT bool_or(CASE WHEN state IN ('sent', 'discarded') THEN coalesce(sent_at, created_at) ELSE created_at END >= cutoff)
+                 FROM w), false)
 $prune$;
 -- +goose StatementEnd
 
@@ -227,14 +288,19 @@ BEGIN
     -- migration's CREATE OR REPLACE) is covered as well.
     FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
              WHERE p.pronamespace = current_schema()::regnamespace
-               AND p.proname IN ('outbox_guard_insert', 'outbox_prune', 'fifobox_enqueue_events',
+               AND p.proname IN ('outbox_guard_insert', 'outbox_prune', 'outbox_repair_heads', 'fifobox_enqueue_events',
                                  'outbox_requeue_dead', 'outbox_discard_dead') LOOP
         EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = %I, pg_temp', f, current_schema());
         EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f);
     END LOOP;
+    -- The enqueue path names itself for the insert trigger's condition.
+    FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
+             WHERE p.pronamespace = current_schema()::regnamespace AND p.proname = 'fifobox_enqueue_events' LOOP
+        EXECUTE format('ALTER FUNCTION %s SET fifobox.writer = %L', f, 'enqueue');
+    END LOOP;
     FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
              WHERE p.pronamespace = current_schema()::regnamespace
-               AND p.proname IN ('outbox_requeue_dead', 'outbox_discard_dead', 'outbox_prune') LOOP
+               AND p.proname IN ('outbox_requeue_dead', 'outbox_discard_dead', 'outbox_prune', 'outbox_repair_heads') LOOP
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO fifobox_operations', f);
     END LOOP;
 END
@@ -252,7 +318,8 @@ GRANT INSERT (event_id, event_type, aggregate_type, aggregate_id, tenant_id, tra
 REVOKE UPDATE ON outbox FROM fifobox_dispatcher;
 GRANT UPDATE (state, sent_at, attempts, last_error, claim_token, next_attempt_at) ON outbox TO fifobox_dispatcher;
 
--- Operations: through outbox_requeue_dead, outbox_discard_dead, outbox_prune.
+-- Operations: through outbox_requeue_dead, outbox_discard_dead, outbox_prune
+-- and outbox_repair_heads.
 REVOKE UPDATE, DELETE ON outbox FROM fifobox_operations;
 
 -- +goose Down
@@ -271,7 +338,7 @@ BEGIN
     FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
              WHERE p.pronamespace = current_schema()::regnamespace
                AND p.proname IN ('fifobox_enqueue_events', 'outbox_requeue_dead', 'outbox_discard_dead') LOOP
-        EXECUTE format('ALTER FUNCTION %s SECURITY INVOKER RESET search_path', f);
+        EXECUTE format('ALTER FUNCTION %s SECURITY INVOKER RESET ALL', f);
     END LOOP;
     FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
              WHERE p.pronamespace = current_schema()::regnamespace
@@ -281,8 +348,10 @@ BEGIN
 END
 $unguard$;
 -- +goose StatementEnd
-DROP FUNCTION outbox_prune(timestamptz, integer);
+DROP FUNCTION outbox_prune(bigint, integer, timestamptz);
+DROP FUNCTION outbox_repair_heads();
 DROP TRIGGER outbox_guard_insert ON outbox;
 DROP FUNCTION outbox_guard_insert();
+DROP TABLE outbox_unannounced;
 -- The unique index stays: another migration may have created it, and
 -- nothing written under it breaks without it.

@@ -62,7 +62,7 @@ func drainAs(ctx context.Context, t *testing.T, db *pgtest.DB) map[string][]enve
 		got[m.GroupID] = append(got[m.GroupID], e)
 	}
 	var pending int
-	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE state <> 'sent'`).Scan(&pending); err != nil || pending != 0 {
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox_events WHERE state <> 'sent'`).Scan(&pending); err != nil || pending != 0 {
 		t.Fatalf("%d events left unsent after the drain (%v)", pending, err)
 	}
 	return got
@@ -116,7 +116,7 @@ func TestProducerCannotForgeSequenceOrState(t *testing.T) {
 		 VALUES (gen_random_uuid(), 'order.paid', 'order', 'o-1', now(), '{"payload":{}}', 99, 'infinity')`,
 		// Wake-ups are the enqueue path's: a flood would only slow claims.
 		`INSERT INTO outbox_wakeups (aggregate_type, aggregate_id) VALUES ('order', 'o-1')`,
-		`SELECT outbox_prune(now(), 10)`,
+		`SELECT * FROM outbox_prune(0, 10, now())`,
 		`SELECT outbox_requeue_dead('{}', '', NULL, NULL)`,
 	} {
 		_, err := producer.Exec(ctx, q)
@@ -256,7 +256,7 @@ func TestRolesCannotRewriteOrLoseEvents(t *testing.T) {
 			`UPDATE outbox SET event_id = gen_random_uuid()`,
 			`UPDATE outbox SET aggregate_id = 'other'`,
 			`INSERT INTO outbox (event_id, event_type, aggregate_type, aggregate_id, occurred_at, body) VALUES (gen_random_uuid(), 't', 'order', 'x', now(), '{"payload":{}}')`,
-			`SELECT outbox_prune(now(), 10)`,
+			`SELECT * FROM outbox_prune(0, 10, now())`,
 			`SELECT outbox_discard_dead('{}', '', NULL, NULL, 'x')`,
 			`UPDATE outbox_aggregates SET last_seq = 0`,
 		},
@@ -270,7 +270,7 @@ func TestRolesCannotRewriteOrLoseEvents(t *testing.T) {
 		},
 		"fifobox_consumer": {
 			`INSERT INTO outbox (event_id, event_type, aggregate_type, aggregate_id, occurred_at, body) VALUES (gen_random_uuid(), 't', 'order', 'x', now(), '{"payload":{}}')`,
-			`SELECT outbox_prune(now(), 10)`,
+			`SELECT * FROM outbox_prune(0, 10, now())`,
 			`SELECT outbox_requeue_dead('{}', '', NULL, NULL)`,
 		},
 	} {
@@ -287,7 +287,7 @@ func TestRolesCannotRewriteOrLoseEvents(t *testing.T) {
 			if role == "fifobox_operations" {
 				// Its own prune deletes sent events only: the pending ones stay.
 				var n int64
-				if err := pool.QueryRow(ctx, `SELECT outbox_prune('infinity', 1000)`).Scan(&n); err != nil || n != 0 {
+				if err := pool.QueryRow(ctx, `SELECT deleted FROM outbox_prune(0, 1000, 'infinity')`).Scan(&n); err != nil || n != 0 {
 					t.Fatalf("prune with nothing sent: %d rows, %v", n, err)
 				}
 			}

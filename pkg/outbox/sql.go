@@ -55,15 +55,19 @@ const sqlMark = `SELECT outbox_mark_runs($1::uuid, $2::text[], $3::text[], $4::b
     $6::text[], $7::bigint[], $8::text[], $9::bigint[], $10::bigint[])`
 
 // sqlRawClaimAndMark is the benchmark's reference: one statement that claims
-// and marks a batch, the fastest PostgreSQL can move rows out of pending.
+// and marks a batch, the fastest PostgreSQL can move rows out of pending
+// (the benchmark gives it the partial index on pending ids it needs).
 const sqlRawClaimAndMark = `
 UPDATE outbox SET state = 'sent', sent_at = now()
 WHERE id IN (SELECT id FROM outbox WHERE state = 'pending' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)`
 
 // sqlStats reads the backlog figures operators and alarms watch. Per-head
 // counts come from the heads (O(aggregates with a backlog)), event counts
-// from the sequence counters (last_seq - next_seq + 1 unsent events per head).
+// from the sequence counters (last_seq - next_seq + 1 unsent events per head:
+// every event below a head's next_seq is sent, migrations/00030).
 // A head is backing off when it is unclaimed, not yet due and retrying.
+// Aggregates whose wake-ups no claim has consumed yet (no head, or an idle
+// one) are counted from their events (O(wake-ups waiting)).
 const sqlStats = `
 WITH active AS (
     SELECT h.aggregate_type, h.aggregate_id, h.state, h.next_seq, h.due_at, h.claim_token, h.retry_since,
@@ -76,60 +80,80 @@ WITH active AS (
     -- turning it into a join that reads every aggregate).
     CROSS JOIN LATERAL (SELECT a.last_seq FROM outbox_aggregates a
                         WHERE a.aggregate_type = h.aggregate_type AND a.aggregate_id = h.aggregate_id OFFSET 0) a
+), oldest AS (
+    -- Each active head's first pending event (the head event, or the first
+    -- one behind a dead head).
+    SELECT h.state, h.backing_off, o.created_at
+    FROM active h
+    CROSS JOIN LATERAL (SELECT created_at FROM outbox o
+                        WHERE o.aggregate_type = h.aggregate_type AND o.aggregate_id = h.aggregate_id
+                          AND o.aggregate_seq >= h.next_seq AND o.state = 'pending'
+                        ORDER BY o.aggregate_seq LIMIT 1) o
+), woken AS MATERIALIZED (
+    SELECT w.aggregate_type, w.aggregate_id
+    FROM (SELECT DISTINCT aggregate_type, aggregate_id FROM outbox_wakeups) w
+    WHERE NOT EXISTS (SELECT 1 FROM outbox_heads h
+                      WHERE h.aggregate_type = w.aggregate_type AND h.aggregate_id = w.aggregate_id AND h.state <> 'idle')
+), woken_unsent AS (
+    SELECT count(*) AS n, min(o.created_at) AS oldest
+    FROM woken w
+    CROSS JOIN LATERAL (SELECT o.created_at FROM outbox o
+                        WHERE o.aggregate_type = w.aggregate_type AND o.aggregate_id = w.aggregate_id
+                          AND o.aggregate_seq >= coalesce((SELECT h.next_seq FROM outbox_heads h
+                                                           WHERE h.aggregate_type = w.aggregate_type
+                                                             AND h.aggregate_id = w.aggregate_id), 0)
+                          AND o.state = 'pending' OFFSET 0) o
+), dead AS (
+    SELECT count(*) AS n FROM outbox WHERE state = 'dead'
 )
 SELECT
-    (SELECT count(*) FROM outbox WHERE state = 'pending'),
-    (SELECT count(*) FROM outbox WHERE state = 'dead'),
+    (SELECT coalesce(sum(unsent), 0)::bigint FROM active) + (SELECT n FROM woken_unsent) - (SELECT n FROM dead),
+    (SELECT n FROM dead),
     (SELECT count(*) FROM active WHERE state = 'dead'),
     (SELECT count(*) FROM active WHERE state = 'ready' AND claim_token IS NOT NULL AND due_at > now()),
-    (SELECT extract(epoch FROM now() - created_at)::float8 FROM outbox WHERE state = 'pending' ORDER BY id LIMIT 1),
-    (SELECT coalesce(sum(unsent), 0)::bigint FROM active WHERE state = 'ready' AND NOT backing_off),
+    (SELECT extract(epoch FROM now() - least((SELECT min(created_at) FROM oldest), (SELECT oldest FROM woken_unsent)))::float8),
+    (SELECT coalesce(sum(unsent), 0)::bigint FROM active WHERE state = 'ready' AND NOT backing_off) + (SELECT n FROM woken_unsent),
     (SELECT coalesce(sum(unsent), 0)::bigint FROM active WHERE backing_off),
     (SELECT coalesce(sum(unsent), 0)::bigint FROM active WHERE state = 'dead'),
     (SELECT count(*) FROM active WHERE state = 'ready' AND retry_since IS NOT NULL),
-    (SELECT extract(epoch FROM now() - min(o.created_at))::float8
-     FROM active h
-     CROSS JOIN LATERAL (SELECT created_at FROM outbox o
-                         WHERE o.aggregate_type = h.aggregate_type AND o.aggregate_id = h.aggregate_id
-                           AND o.aggregate_seq >= h.next_seq AND o.state = 'pending'
-                         ORDER BY o.aggregate_seq LIMIT 1) o
-     WHERE h.state = 'ready' AND NOT h.backing_off),
-    -- Stranded: pending longer than StrandedAfter, and no claim can reach
-    -- it: no ready or dead head at or below its sequence (none, or idle)
-    -- and no wake-up for its aggregate. Only a write that bypassed the
-    -- enqueue path and its trigger (the table owner setting aggregate_seq)
-    -- or a head moved by hand gets there. An event below its head's
-    -- next_seq is left out: the dispatcher is past it. Bounded: the oldest
-    -- ` + strandedScan + ` pending events (outbox_pending_idx, in id order), one
-    -- head probe each; a stranded event never moves, so it stays among the
-    -- oldest until it is repaired.
-    (SELECT count(*) FROM (
-        SELECT o.aggregate_type, o.aggregate_id, o.aggregate_seq, o.created_at
-        FROM outbox o WHERE o.state = 'pending' ORDER BY o.id LIMIT ` + strandedScan + `) o
-     WHERE o.created_at < now() - interval '` + strandedAfterSQL + `'
+    (SELECT extract(epoch FROM now() - least((SELECT min(created_at) FROM oldest WHERE state = 'ready' AND NOT backing_off),
+                                             (SELECT oldest FROM woken_unsent)))::float8),
+    -- Stranded: events written around the enqueue path (an insert that set
+    -- aggregate_seq itself, recorded by outbox_guard_insert in
+    -- outbox_unannounced, migrations/00038) still unsent after
+    -- StrandedAfter, and no claim reaches them: no ready or dead head at or
+    -- below them (none, or idle) and no wake-up for their aggregate. An event
+    -- below its head's next_seq is sent (00030). O(such events): repair-heads
+    -- and RebuildHeads clear the record; one primary-key probe each.
+    (SELECT count(*) FROM outbox_unannounced u
+     WHERE u.created_at < now() - interval '` + strandedAfterSQL + `'
+       AND EXISTS (SELECT 1 FROM outbox o WHERE o.id = u.event_row AND o.state = 'pending' OFFSET 0)
        AND NOT EXISTS (SELECT 1 FROM outbox_heads h
-                       WHERE h.aggregate_type = o.aggregate_type AND h.aggregate_id = o.aggregate_id
-                         AND (h.state IN ('ready', 'dead') OR h.next_seq > o.aggregate_seq)
+                       WHERE h.aggregate_type = u.aggregate_type AND h.aggregate_id = u.aggregate_id
+                         AND (h.state IN ('ready', 'dead') OR h.next_seq > u.aggregate_seq)
                        OFFSET 0) -- a primary-key probe per event, never a join that reads every head
-       AND (o.aggregate_type, o.aggregate_id) NOT IN (SELECT w.aggregate_type, w.aggregate_id FROM outbox_wakeups w))`
+       AND (u.aggregate_type, u.aggregate_id) NOT IN (SELECT w.aggregate_type, w.aggregate_id FROM outbox_wakeups w))`
 
-// strandedAfterSQL is StrandedAfter as sqlStats writes it; strandedScan how
-// many of the oldest pending events it examines for stranded ones.
-const (
-	strandedAfterSQL = "300 seconds"
-	strandedScan     = "10000"
-)
+// strandedAfterSQL is StrandedAfter as sqlStats writes it.
+const strandedAfterSQL = "300 seconds"
 
-// sqlPrune deletes up to $2 sent (or discarded) rows older than $1, oldest
-// first (outbox_prune, migrations/00038: the operations role has no DELETE on
-// the outbox, so it cannot delete an event still to be published).
-const sqlPrune = `SELECT outbox_prune($1::timestamptz, $2::integer)`
+
+
+// sqlPrune deletes sent (and discarded) events created (legacy 'sent' rows:
+// sent) before $3 among the $2 rows after id $1, and returns how many it
+// deleted, the last id it looked at (NULL: end of the table) and whether it
+// saw a row younger than $3: outbox_prune (migrations/00038: the operations
+// role has no DELETE on the outbox, so it cannot delete an event still to be
+// published), whose statement says how.
+const sqlPrune = `SELECT * FROM outbox_prune($1::bigint, $2::integer, $3::timestamptz)`
 
 // sqlRequeueDead, sqlDiscardDead and sqlRebuildHeads are the operator's
-// actions on dead events and heads (functions in migrations/00009).
+// actions on dead events and heads (functions in migrations/00009;
+// outbox_repair_heads, 00038, is outbox_rebuild_heads that also clears the
+// record of events written around the enqueue path, now claimable).
 // $1 event ids, $2 aggregate type (” for any), $3 since, $4 until, $5 reason.
 const (
 	sqlRequeueDead  = `SELECT outbox_requeue_dead($1::uuid[], $2::text, $3::timestamptz, $4::timestamptz)`
 	sqlDiscardDead  = `SELECT outbox_discard_dead($1::uuid[], $2::text, $3::timestamptz, $4::timestamptz, $5::text)`
-	sqlRebuildHeads = `SELECT outbox_rebuild_heads()`
+	sqlRebuildHeads = `SELECT outbox_repair_heads()`
 )

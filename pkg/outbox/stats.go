@@ -35,12 +35,12 @@ type Backlog struct {
 	ParkedAggregates int64
 	// OldestPendingAge is how long the oldest pending event has waited (publish lag); 0 if none.
 	OldestPendingAge time.Duration
-	// StrandedEvents counts events pending longer than StrandedAfter that no
-	// claim can reach (no ready or dead head at or below them, no wake-up):
-	// written around the enqueue path, e.g. by the table owner with
-	// aggregate_seq set, or behind a head moved by hand. They are never
+	// StrandedEvents counts events written around the enqueue path (an
+	// insert that set aggregate_seq itself, which only the table owner can)
+	// that are unsent after StrandedAfter and that no claim can reach (no
+	// ready or dead head at or below them, no wake-up). They are never
 	// published until RebuildHeads (`fifobox repair-heads`) derives their
-	// heads. Among the oldest 10,000 pending events.
+	// heads.
 	StrandedEvents int64
 }
 
@@ -70,9 +70,12 @@ func seconds(s *float64) time.Duration {
 	return time.Duration(*s * float64(time.Second))
 }
 
-// Prune deletes sent (and discarded) events older than olderThan, at most batch rows per
-// statement so no single transaction grows large, until none are left or ctx
-// ends. It returns how many rows it deleted.
+// Prune deletes sent (and discarded) events older than olderThan, reading
+// at most batch rows per statement so no single transaction grows large,
+// until it reaches events younger than that or ctx ends. It returns how many
+// rows it deleted. A sent event's age is its creation time (the time it was
+// sent is not recorded: a mark only moves its aggregate's head), or for rows
+// written before migration 00030, when it was sent.
 func Prune(ctx context.Context, db DB, olderThan time.Duration, batch int) (int64, error) {
 	if olderThan < 0 {
 		return 0, errors.New("prune: olderThan must not be negative")
@@ -81,18 +84,23 @@ func Prune(ctx context.Context, db DB, olderThan time.Duration, batch int) (int6
 		return 0, errors.New("prune: batch must be at least 1")
 	}
 	cutoff := time.Now().Add(-olderThan)
-	var total int64
+	var total, after int64
 	for {
 		if err := ctx.Err(); err != nil {
 			return total, fmt.Errorf("prune: %w", err)
 		}
-		var n int64
-		if err := db.QueryRow(ctx, sqlPrune, cutoff, batch).Scan(&n); err != nil {
+		var (
+			n     int64
+			last  *int64
+			young bool
+		)
+		if err := db.QueryRow(ctx, sqlPrune, after, batch, cutoff).Scan(&n, &last, &young); err != nil {
 			return total, fmt.Errorf("prune sent events: %w", err)
 		}
 		total += n
-		if n < int64(batch) {
+		if last == nil || young {
 			return total, nil
 		}
+		after = *last
 	}
 }
