@@ -137,8 +137,6 @@ SELECT
 // strandedAfterSQL is StrandedAfter as sqlStats writes it.
 const strandedAfterSQL = "300 seconds"
 
-
-
 // sqlPrune deletes sent (and discarded) events created (legacy 'sent' rows:
 // sent) before $3 among the $2 rows after id $1, and returns how many it
 // deleted, the last id it looked at (NULL: end of the table) and whether it
