@@ -130,7 +130,7 @@ decides when an event goes dead, is kept. Audited.`,
 	{Name: OpRepairHeads, Command: []string{"repair-heads"}, Args: []string{"dry_run"}, Changes: true,
 		Short: "Make stranded outbox events publishable: derive every aggregate's head from its unsent events",
 		Long: `An event written into the outbox around fifobox's enqueue path (by the table owner
-with aggregate_seq set, or behind a head moved by hand) is never claimed: status
+with aggregate_seq set) is never claimed unless its aggregate has a head: status
 counts it as stranded once it has waited 5 minutes, and so does the
 OutboxStrandedEvents alarm. repair-heads gives every aggregate with an unsent
 event a head at its lowest one, so the next dispatch publishes them in order. It
