@@ -47,6 +47,7 @@
 --     (prune), so it can neither rewrite a body nor delete or mark sent an
 --     event that is still to be published.
 --   fifobox_consumer has no right on any outbox table (unchanged).
+--
 -- Upgrading: producers that log in as fifobox_producer must run a fifobox
 -- library whose Enqueue calls fifobox_enqueue_events (this version) before
 -- this migration runs; the previous Enqueue wrote outbox_aggregates itself
@@ -61,7 +62,8 @@
 CREATE UNIQUE INDEX IF NOT EXISTS outbox_aggregate_seq_key ON outbox (aggregate_type, aggregate_id, aggregate_seq);
 
 -- outbox_guard_insert makes an event inserted without a sequence what
--- Enqueue would have written. The body must be the event's envelope, a
+-- Enqueue would have written (a row inserted with one, by the owner, is
+-- only recorded in outbox_unannounced, below). The body must be the event's envelope, a
 -- JSON object with the envelope's members (as fifobox_enqueue_batch takes
 -- them; v, if present, must be 1, and sequence is ignored: the outbox
 -- assigns it, as Go's Enqueue ignores Envelope.Sequence). A column left out
