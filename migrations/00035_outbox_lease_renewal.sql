@@ -6,7 +6,7 @@
 -- The lease used to be 60 s, so the runs of a dispatcher that crashed or lost
 -- its connection waited a minute before another claim took them, and a batch
 -- whose mark timed out stayed claimed just as long. Now the lease is short
--- (10 s by default) and a live dispatcher renews it while its batch publishes
+-- (8 s by default) and a live dispatcher renews it while its batch publishes
 -- and records its outcomes (outbox_extend_lease), and gives its runs back at
 -- once when it cannot record their outcomes (outbox_release_runs). Both take
 -- the batch's heads by key (one primary-key probe each, no scan of the heads

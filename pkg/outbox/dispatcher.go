@@ -82,7 +82,8 @@ type DispatcherConfig struct {
 	// batch's lease every (Lease - 1s - MarkTimeout)/2 while the batch
 	// publishes and records its outcomes, so a batch may take longer than
 	// Lease; if renewals fail, the batch stops publishing in time to record
-	// its outcomes inside the lease it holds. Default 10s.
+	// its outcomes inside the lease it holds. Default 8s: a crashed
+	// dispatcher's aggregates wait at most that long.
 	Lease time.Duration
 	// PublishTimeout bounds one Publish call (and a claim). Default 20s.
 	PublishTimeout time.Duration
@@ -129,7 +130,7 @@ func (c *DispatcherConfig) setDefaults() {
 	defd(&c.RetryFor, 24*time.Hour)
 	defd(&c.BackoffBase, time.Second)
 	defd(&c.BackoffCap, 5*time.Minute)
-	defd(&c.Lease, 10*time.Second)
+	defd(&c.Lease, 8*time.Second)
 	defd(&c.PublishTimeout, 20*time.Second)
 	defd(&c.MarkTimeout, 2*time.Second)
 	defd(&c.DeadlineMargin, 3*time.Second)
@@ -876,7 +877,8 @@ func (d *Dispatcher) publishRuns(ctx context.Context, runs []*run, deadline time
 	var (
 		mu        sync.Mutex
 		abandoned bool
-		inFlight  []*run // the wave being published
+		inFlight  []*run    // the wave being published
+		waveStart time.Time // when inFlight's calls started
 	)
 	done := make(chan struct{})
 	go func() {
@@ -888,7 +890,7 @@ func (d *Dispatcher) publishRuns(ctx context.Context, runs []*run, deadline time
 				mu.Unlock()
 				return
 			}
-			inFlight = live
+			inFlight, waveStart = live, time.Now()
 			mu.Unlock()
 			msgs := make([]Message, len(live))
 			for i, r := range live {
@@ -931,19 +933,38 @@ func (d *Dispatcher) publishRuns(ctx context.Context, runs []*run, deadline time
 		defer grace.Stop()
 		graceC = grace.C
 	}
-	select {
-	case <-done:
-	case <-graceC:
-		abandon()
-	case <-ctx.Done():
-		cut := time.NewTimer(d.abandonGrace())
-		defer cut.Stop()
+	// A wave whose calls overrun PublishTimeout (a publisher ignoring its
+	// context) is abandoned too: the lease is renewed meanwhile, so nothing
+	// else would end the batch.
+	stuck := time.NewTimer(d.cfg.PublishTimeout + d.abandonGrace())
+	defer stuck.Stop()
+	for {
 		select {
 		case <-done:
+			return
 		case <-graceC:
 			abandon()
-		case <-cut.C:
-			abandon()
+			return
+		case <-ctx.Done():
+			cut := time.NewTimer(d.abandonGrace())
+			defer cut.Stop()
+			select {
+			case <-done:
+			case <-graceC:
+				abandon()
+			case <-cut.C:
+				abandon()
+			}
+			return
+		case <-stuck.C:
+			mu.Lock()
+			overdue := waveStart.Add(d.cfg.PublishTimeout + d.abandonGrace())
+			mu.Unlock()
+			if !time.Now().Before(overdue) {
+				abandon()
+				return
+			}
+			stuck.Reset(time.Until(overdue))
 		}
 	}
 }
