@@ -126,6 +126,7 @@ func BenchmarkLongTransaction(b *testing.B) {
 	}
 	dead := deadTuples(b, db.Pool, db.Schema)
 	plan := explainClaim(b, db)
+	wakePlan := explainWakeups(b, db)
 	time.Sleep(time.Until(holdStart.Add(hold)))
 	if _, err := holder.Exec(ctx, "ROLLBACK"); err != nil {
 		b.Fatal(err)
@@ -170,7 +171,9 @@ func BenchmarkLongTransaction(b *testing.B) {
 		minRatio, ms(worstP99), oldest, seesAll, uptime())
 	fmt.Printf("longtx: dispatcher warnings: %s\n", warns.String())
 	fmt.Printf("longtx: dead tuples at the end of the hold (xid %d held):\n%s", xid, dead)
+	fmt.Printf("longtx: statements (count, errors, p99, max) over the run: %s\n", lt.statementSummary())
 	fmt.Printf("longtx: claim at the end of the hold, EXPLAIN (ANALYZE, BUFFERS):\n%s\n", plan)
+	fmt.Printf("longtx: wake-up consumption (the claim's first step) at the end of the hold, EXPLAIN (ANALYZE, BUFFERS):\n%s\n", wakePlan)
 	if v := lt.violations.Load(); v > 0 {
 		b.Errorf("%d events published before an earlier event of their aggregate", v)
 	}
@@ -201,7 +204,7 @@ func uptime() string {
 	return strings.TrimSpace(string(out))
 }
 
-func ms(d time.Duration) string { return fmt.Sprintf("%.0fms", float64(d.Microseconds())/1000) }
+func ms(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d.Microseconds())/1000) }
 
 // longTx records commits and publishes.
 type longTx struct {
@@ -227,6 +230,27 @@ type ltStmt struct {
 	at   time.Time
 	kind string
 	took time.Duration
+	err  bool
+}
+
+func (l *longTx) statementSummary() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	by := map[string][]time.Duration{}
+	errs := map[string]int{}
+	for _, st := range l.stmts {
+		by[st.kind] = append(by[st.kind], st.took)
+		if st.err {
+			errs[st.kind]++
+		}
+	}
+	var parts []string
+	for k, ds := range by {
+		p99, mx := pct(ds, 0.99)
+		parts = append(parts, fmt.Sprintf("%s %d, %d errors, %s, %s", k, len(ds), errs[k], ms(p99), ms(mx)))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, "; ")
 }
 
 func (l *longTx) commit(id string) {
@@ -276,10 +300,10 @@ func (l *longTx) publish(_ context.Context, msgs []Message) []error {
 	return make([]error, len(msgs))
 }
 
-func (l *longTx) statement(kind string, start time.Time) {
+func (l *longTx) statement(kind string, start time.Time, err error) {
 	took := time.Since(start)
 	l.mu.Lock()
-	l.stmts = append(l.stmts, ltStmt{at: start, kind: kind, took: took})
+	l.stmts = append(l.stmts, ltStmt{at: start, kind: kind, took: took, err: err != nil})
 	l.mu.Unlock()
 }
 
@@ -377,10 +401,12 @@ func (t *timedDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows,
 	start := time.Now()
 	rows, err := t.DB.Query(ctx, sql, args...)
 	if err != nil {
-		t.lt.statement(stmtKind(sql), start)
+		t.lt.statement(stmtKind(sql), start, err)
 		return rows, err
 	}
-	return &timedRows{Rows: rows, done: func() { t.lt.statement(stmtKind(sql), start) }}, nil
+	r := &timedRows{Rows: rows}
+	r.done = func() { t.lt.statement(stmtKind(sql), start, r.Rows.Err()) }
+	return r, nil
 }
 
 func (t *timedDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
@@ -389,8 +415,9 @@ func (t *timedDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 
 func (t *timedDB) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	start := time.Now()
-	defer t.lt.statement(stmtKind(sql), start)
-	return t.DB.Exec(ctx, sql, args...)
+	tag, err := t.DB.Exec(ctx, sql, args...)
+	t.lt.statement(stmtKind(sql), start, err)
+	return tag, err
 }
 
 type timedRows struct {
@@ -413,7 +440,7 @@ type timedRow struct {
 
 func (r timedRow) Scan(dest ...any) error {
 	err := r.row.Scan(dest...)
-	r.lt.statement(r.kind, r.start)
+	r.lt.statement(r.kind, r.start, err)
 	return err
 }
 
@@ -472,6 +499,54 @@ FROM pg_stat_user_tables WHERE schemaname = $1 ORDER BY n_dead_tup DESC`, schema
 	return sb.String()
 }
 
+// explainWakeups runs the claim's first step, outbox_consume_wakeups' body,
+// under EXPLAIN (ANALYZE, BUFFERS) with the default MaxWakeups (2,000), in a
+// transaction it rolls back.
+func explainWakeups(tb testing.TB, db *pgtest.DB) string {
+	ctx := context.Background()
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		tb.Errorf("explain wake-ups: %v", err)
+		return ""
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // diagnosis only
+	var body string
+	var settings []string
+	if err := tx.QueryRow(ctx, `SELECT prosrc, coalesce(proconfig, '{}') FROM pg_proc WHERE oid = 'outbox_consume_wakeups(integer)'::regprocedure`).Scan(&body, &settings); err != nil {
+		tb.Errorf("explain wake-ups: %v", err)
+		return ""
+	}
+	for _, kv := range settings {
+		name, value, _ := strings.Cut(kv, "=")
+		if _, err := tx.Exec(ctx, "SELECT set_config($1, $2, true)", name, value); err != nil {
+			tb.Errorf("explain wake-ups: %v", err)
+			return ""
+		}
+	}
+	// The body names its parameter; EXPLAIN takes it positionally.
+	body = strings.ReplaceAll(body, "max_wakeups", "$1")
+	return explainLines(tb, tx, "EXPLAIN (ANALYZE, BUFFERS) "+body, int32(2000))
+}
+
+func explainLines(tb testing.TB, tx pgx.Tx, sql string, args ...any) string {
+	rows, err := tx.Query(context.Background(), sql, args...)
+	if err != nil {
+		tb.Errorf("explain: %v", err)
+		return ""
+	}
+	defer rows.Close()
+	var lines []string
+	for rows.Next() {
+		var line string
+		if err := rows.Scan(&line); err != nil {
+			tb.Errorf("explain: %v", err)
+			return ""
+		}
+		lines = append(lines, line)
+	}
+	return strings.Join(lines, "\n")
+}
+
 // explainClaim runs the claim query's body (as outbox_claim_runs would, with
 // the default batch and run sizes) under EXPLAIN (ANALYZE, BUFFERS) in a
 // transaction it rolls back.
@@ -496,19 +571,5 @@ func explainClaim(tb testing.TB, db *pgtest.DB) string {
 			return ""
 		}
 	}
-	rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+body, int32(500), int32(125), uuid.New(), int64(10000))
-	if err != nil {
-		tb.Errorf("explain claim: %v", err)
-		return ""
-	}
-	var lines []string
-	for rows.Next() {
-		var line string
-		if err := rows.Scan(&line); err != nil {
-			tb.Errorf("explain claim: %v", err)
-			return ""
-		}
-		lines = append(lines, line)
-	}
-	return strings.Join(lines, "\n")
+	return explainLines(tb, tx, "EXPLAIN (ANALYZE, BUFFERS) "+body, int32(500), int32(125), uuid.New(), int64(8000))
 }

@@ -248,9 +248,10 @@ type Dispatcher struct {
 	cfg DispatcherConfig
 	log *slog.Logger
 
-	mu      sync.Mutex
-	rnd     *rand.Rand
-	latency time.Duration // moving average of one Publish call
+	mu        sync.Mutex
+	rnd       *rand.Rand
+	latency   time.Duration // moving average of one Publish call
+	claimTook time.Duration // recent claim statements' duration (see claimLease)
 
 	// dbSlots bounds this dispatcher's concurrent statements (claims and
 	// marks) to two: more batches may be publishing at once (Workers), but
@@ -328,7 +329,8 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (BatchResult, error) {
 	}
 	token := uuid.New()
 	claimedAt := time.Now()
-	runs, empties, err := d.claim(ctx, token)
+	lease := d.claimLease()
+	runs, empties, err := d.claim(ctx, token, lease)
 	if err != nil {
 		return BatchResult{}, err
 	}
@@ -338,8 +340,8 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (BatchResult, error) {
 		}
 		return BatchResult{}, nil
 	}
-	lease := d.keepLease(ctx, token, runs, claimedAt)
-	defer lease.stop()
+	keeper := d.keepLease(ctx, token, runs, claimedAt.Add(lease))
+	defer keeper.stop()
 	d.extend(ctx, token, runs)
 	if len(empties) > 0 {
 		d.idle(ctx, empties)
@@ -351,14 +353,14 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (BatchResult, error) {
 	d.claimed.Add(int64(res.Claimed))
 
 	start := time.Now()
-	d.publishRuns(lease.publishing, runs, d.publishDeadline(ctx))
+	d.publishRuns(keeper.publishing, runs, d.publishDeadline(ctx))
 	res.PublishDuration = time.Since(start)
 
 	m := markArgs{token: token}
 	for _, r := range runs {
 		m.add(d, r, claimedAt, &res)
 	}
-	marked, retried, err := d.record(context.WithoutCancel(ctx), m, lease)
+	marked, retried, err := d.record(context.WithoutCancel(ctx), m, keeper)
 	if err != nil {
 		return res, err
 	}
@@ -438,7 +440,26 @@ type leaseKeeper struct {
 	quit, done chan struct{}
 }
 
-func (d *Dispatcher) keepLease(ctx context.Context, token uuid.UUID, runs []*run, claimedAt time.Time) *leaseKeeper {
+// claimLease is the lease a claim asks for: Lease, plus twice what claims
+// have been taking (at most PublishTimeout). The lease starts when the claim
+// statement does, so a claim slowed down (a long transaction elsewhere keeps
+// dead row versions in its way) would otherwise hand back runs whose lease
+// is nearly over, for another claim to take again; and a crash right after
+// a claim costs a wait of Lease only when claims are fast.
+func (d *Dispatcher) claimLease() time.Duration {
+	d.mu.Lock()
+	took := d.claimTook
+	d.mu.Unlock()
+	return d.cfg.Lease + min(2*took, d.cfg.PublishTimeout)
+}
+
+func (d *Dispatcher) observeClaim(took time.Duration) {
+	d.mu.Lock()
+	d.claimTook = max(took, (3*d.claimTook+took)/4) // rises at once, decays slowly
+	d.mu.Unlock()
+}
+
+func (d *Dispatcher) keepLease(ctx context.Context, token uuid.UUID, runs []*run, leaseEnd time.Time) *leaseKeeper {
 	k := &leaseKeeper{d: d, ctx: context.WithoutCancel(ctx), token: token,
 		types: make([]string, len(runs)), ids: make([]string, len(runs)),
 		quit: make(chan struct{}), done: make(chan struct{})}
@@ -446,7 +467,7 @@ func (d *Dispatcher) keepLease(ctx context.Context, token uuid.UUID, runs []*run
 		k.types[i], k.ids[i] = r.typ, r.id
 	}
 	k.publishing, k.cancel = context.WithCancelCause(k.ctx)
-	go k.loop(claimedAt)
+	go k.loop(leaseEnd)
 	return k
 }
 
@@ -462,11 +483,10 @@ func (k *leaseKeeper) stop() {
 	k.cancel(nil)
 }
 
-func (k *leaseKeeper) loop(claimedAt time.Time) {
+func (k *leaseKeeper) loop(end time.Time) { // end: the lease held, as this process' clock sees it
 	defer close(k.done)
 	d := k.d
-	end := claimedAt.Add(d.cfg.Lease) // the lease held, as this process' clock sees it
-	next := claimedAt.Add(d.renewEvery())
+	next := end.Add(-d.cfg.Lease + d.renewEvery())
 	t := time.NewTimer(time.Until(next))
 	defer t.Stop()
 	warned := false
@@ -758,7 +778,7 @@ func (d *Dispatcher) observeLatency(took time.Duration) {
 
 // claim takes the next batch: runs in claim order, and heads that turned out
 // to have nothing to publish.
-func (d *Dispatcher) claim(ctx context.Context, token uuid.UUID) ([]*run, []emptyHead, error) {
+func (d *Dispatcher) claim(ctx context.Context, token uuid.UUID, lease time.Duration) ([]*run, []emptyHead, error) {
 	select {
 	case d.dbSlots <- struct{}{}:
 	case <-ctx.Done(): // nothing claimed yet: stopping now leaves nothing half-done
@@ -770,18 +790,21 @@ func (d *Dispatcher) claim(ctx context.Context, token uuid.UUID) ([]*run, []empt
 	// RDS Proxy lacks), within the invocation's deadline. If it runs out
 	// after PostgreSQL committed the claim, the runs come back after their
 	// lease.
-	// It also ends while the claimed runs' lease leaves time to renew it.
-	end := time.Now().Add(min(d.cfg.PublishTimeout, d.cfg.Lease-d.leaseMargin()))
+	end := time.Now().Add(d.cfg.PublishTimeout)
 	if dl, ok := ctx.Deadline(); ok {
 		end = minTime(end, dl.Add(-returnMargin))
 	}
 	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), end)
 	defer cancel()
-	rows, err := d.db.Query(cctx, sqlClaim, d.cfg.BatchSize, d.runLimit(), token, d.cfg.Lease.Milliseconds(), d.cfg.MaxWakeups)
+	start := time.Now()
+	rows, err := d.db.Query(cctx, sqlClaim, d.cfg.BatchSize, d.runLimit(), token, lease.Milliseconds(), d.cfg.MaxWakeups)
 	if err != nil {
 		return nil, nil, fmt.Errorf("claim batch: %w", err)
 	}
-	defer rows.Close()
+	defer func() {
+		rows.Close()
+		d.observeClaim(time.Since(start))
+	}()
 	var (
 		runs    []*run
 		empties []emptyHead
