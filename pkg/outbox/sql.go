@@ -128,3 +128,8 @@ const sqlExtendLease = `SELECT outbox_extend_lease($1::uuid, $2::text[], $3::tex
 // sqlReleaseRuns gives a batch's heads back unrecorded, claimable at once
 // (outbox_release_runs): $1 token, $2 types, $3 ids.
 const sqlReleaseRuns = `SELECT outbox_release_runs($1::uuid, $2::text[], $3::text[])`
+
+// sqlOldestTransaction reads the age in seconds of the oldest transaction
+// holding back vacuum on the server, and whether every session was visible
+// (fifobox_oldest_transaction, migrations/00035).
+const sqlOldestTransaction = `SELECT age_seconds, sees_all FROM fifobox_oldest_transaction()`
