@@ -410,7 +410,8 @@ func (t *timedDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows,
 }
 
 func (t *timedDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	return timedRow{row: t.DB.QueryRow(ctx, sql, args...), start: time.Now(), lt: t.lt, kind: stmtKind(sql)}
+	start := time.Now() // before QueryRow: it sends the statement
+	return timedRow{row: t.DB.QueryRow(ctx, sql, args...), start: start, lt: t.lt, kind: stmtKind(sql)}
 }
 
 func (t *timedDB) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {

@@ -344,7 +344,9 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (BatchResult, error) {
 	defer keeper.stop()
 	d.extend(ctx, token, runs)
 	if len(empties) > 0 {
-		d.idle(ctx, empties)
+		// After the batch is published: retiring empty heads is
+		// bookkeeping, and its statement slot may be behind a slow claim.
+		defer d.idle(ctx, empties)
 	}
 	res := BatchResult{Runs: len(runs)}
 	for _, r := range runs {
