@@ -442,6 +442,7 @@ type leaseKeeper struct {
 	publishing context.Context
 	cancel     context.CancelCauseFunc
 	quit, done chan struct{}
+	recording  atomic.Bool // the batch's outcomes are being recorded
 }
 
 // claimLease is the lease a claim asks for: Lease, plus twice what claims
@@ -508,7 +509,9 @@ func (k *leaseKeeper) loop(end time.Time) { // end: the lease held, as this proc
 				d.log.Warn("outbox: renewing a batch's lease failed; will retry", "runs", len(k.ids), "error", err.Error())
 			default:
 				end = start.Add(d.cfg.Lease)
-				if int(n) < len(k.ids) && !warned {
+				// Once the outcomes are being recorded, a head the mark
+				// released is no loss.
+				if int(n) < len(k.ids) && !warned && !k.recording.Load() {
 					warned = true
 					d.log.Warn("outbox: some runs' lease had expired and was claimed again", "runs", len(k.ids)-int(n))
 				}
@@ -1132,6 +1135,7 @@ func (a *markArgs) add(d *Dispatcher, r *run, claimedAt time.Time, res *BatchRes
 // the inbox drop the copies by event id). The lease is renewed meanwhile.
 // retried says whether the mark needed its second attempt.
 func (d *Dispatcher) record(ctx context.Context, a markArgs, lease *leaseKeeper) (marked int64, retried bool, err error) {
+	lease.recording.Store(true)
 	n, err := d.mark(ctx, a)
 	if err == nil {
 		return n, false, nil
