@@ -60,8 +60,10 @@ $lz4$;
 -- +goose StatementEnd
 
 -- outbox_mark_runs: as in 00012, without rewriting the published events:
--- moving the head to next_seq is what marks them sent. sent_ids is kept in
--- the signature for dispatchers of the previous version (and ignored).
+-- moving the head to next_seq is what marks them sent (sent_ids is kept in
+-- the signature for dispatchers of the previous version, and ignored); and
+-- a head with more events waiting is due now, not when its next event was
+-- enqueued (below).
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION outbox_mark_runs(token uuid, types text[], ids text[], seen_wakes bigint[], next_seqs bigint[],
                                  outcomes text[], delays_ms bigint[], errors text[], fail_ids bigint[], sent_ids bigint[])
@@ -95,8 +97,14 @@ WITH u AS (
             WHEN own.outcome IN ('retry', 'released') THEN 'ready'
             WHEN h.wakes = own.w AND nxt.created_at IS NULL THEN 'idle'
             ELSE 'ready' END,
+        -- A head with more to publish goes to the back of the due line
+        -- (due now), behind every head already waiting: round robin. Before
+        -- (00009), it was due when its next event was enqueued, so a few
+        -- aggregates with old, deep backlogs stayed at the front and filled
+        -- whole batches while everyone else waited (issue 28: the other
+        -- aggregates at 0.45-0.52 x their rate).
         due_at = CASE WHEN own.outcome = 'retry' THEN now() + make_interval(secs => own.delay_ms / 1000.0)
-                      ELSE least(coalesce(nxt.created_at, now()), now()) END,
+                      ELSE now() END,
         retry_since = CASE WHEN own.outcome = 'retry' THEN coalesce(h.retry_since, now())
                            WHEN own.outcome = 'released' THEN h.retry_since END
     FROM own
