@@ -205,11 +205,11 @@ func TestHoldCoConsumerUnchanged(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The document's status column tells the truth: every row published.
-	var published int
-	_ = app.Pool.QueryRow(ctx, `SELECT count(*) FROM event_outbox WHERE status = 'published'`).Scan(&published)
-	if published != len(orders)+1 {
-		t.Errorf("event_outbox: %d rows published, want %d", published, len(orders)+1)
-	}
+	eventually(t, 30*time.Second, "every event_outbox row published", func() bool {
+		var published int
+		_ = app.Pool.QueryRow(ctx, `SELECT count(*) FROM event_outbox WHERE status = 'published'`).Scan(&published)
+		return published == len(orders)+1
+	})
 	var inbox int
 	_ = db.Pool.QueryRow(ctx, `SELECT count(*) FROM event_inbox WHERE consumer_name = 'orders.consumer'`).Scan(&inbox)
 	if inbox != len(orders) {
