@@ -167,8 +167,8 @@ func (b *batchTx) exec(ctx context.Context, newRecord bool, sql string, args ...
 
 // claim sets the record's savepoint and claims (consumer, event id) in one
 // round trip; false means the event was applied before.
-func (b *batchTx) claim(ctx context.Context, consumer string, e envelope.Envelope) (bool, error) {
-	tag, err := b.run(ctx, true, &pgx.QueuedQuery{SQL: sqlClaim, Arguments: []any{consumer, e.ID, e.AggregateType, e.AggregateID, e.Sequence}})
+func (b *batchTx) claim(ctx context.Context, q *pgx.QueuedQuery) (bool, error) {
+	tag, err := b.run(ctx, true, q)
 	if err != nil {
 		return false, fmt.Errorf("inbox claim: %w", err)
 	}

@@ -211,7 +211,7 @@ func (e *Engine) decide(ctx context.Context, b *batchTx, r *Record, speculated, 
 		claimed := firstClaimed
 		if !speculated {
 			var cerr error
-			claimed, cerr = b.claim(rctx, e.cfg.Consumer, r.env)
+			claimed, cerr = b.claim(rctx, e.claimer.query(e.cfg.Consumer, r.env))
 			hasSP = true
 			if cerr != nil {
 				if b.broken != nil {
@@ -364,7 +364,8 @@ func (e *Engine) readState(ctx context.Context, b *batchTx, batch []*Record, gro
 		pb.Queue(q, e.cfg.Consumer, groups)
 	}
 	if claim != nil {
-		pb.Queue(sqlClaim, e.cfg.Consumer, claim.env.ID, claim.env.AggregateType, claim.env.AggregateID, claim.env.Sequence)
+		q := e.claimer.query(e.cfg.Consumer, claim.env)
+		pb.Queue(q.SQL, q.Arguments...)
 	}
 	if pb.Len() == 0 {
 		return st, false, nil
