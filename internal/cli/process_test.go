@@ -316,6 +316,38 @@ func holdRow(t *testing.T, db *pgtest.DB, sql string, args ...any) (holder int, 
 	return holder, release
 }
 
+// holdClaimedHead waits until a claim has leased aggregate id's head and
+// share-locks it until release is called, so the mark of that claim waits
+// (the claim itself is not held: it has committed). holder is the
+// session's backend pid.
+func holdClaimedHead(t *testing.T, db *pgtest.DB, id string) (holder int, release func()) {
+	t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		tx, err := db.Pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var one int
+		// NOWAIT: while the claim is running its lock is still held.
+		err = tx.QueryRow(ctx, `SELECT 1 FROM outbox_heads WHERE aggregate_id = $1 AND claim_token IS NOT NULL FOR SHARE NOWAIT`, id).Scan(&one)
+		if err == nil {
+			if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&holder); err != nil {
+				t.Fatal(err)
+			}
+			var once sync.Once
+			release = func() { once.Do(func() { _ = tx.Rollback(context.Background()) }) }
+			t.Cleanup(release)
+			return holder, release
+		}
+		_ = tx.Rollback(ctx)
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatalf("no claim of %s's head seen in 30s", id)
+	return 0, nil
+}
+
 // Run as long-running processes, the dispatcher and an SQS consumer each
 // get SIGTERM while a batch is in hand (held on a row lock of the test:
 // the dispatcher after publishing, before recording; the consumer inside
@@ -350,16 +382,17 @@ func TestDispatchAndConsumeSurviveSIGTERMMidBatch(t *testing.T) {
 	}
 
 	// Dispatcher: stopped while its first batch is published but not yet
-	// recorded (the mark waits on the test's lock of one event's row).
-	holder, release := holdRow(t, db, `SELECT 1 FROM outbox WHERE aggregate_id = 'order-07' AND aggregate_seq = 1 FOR UPDATE`)
+	// recorded (the mark waits on the test's lock of a claimed head: a
+	// mark writes heads only, migrations/00030).
 	d := c.start(t, "dispatch", "--liveness-file", filepath.Join(t.TempDir(), "alive"))
+	holder, release := holdClaimedHead(t, db, "order-07")
 	waitBlocked(t, db, holder)
 	d.stop(t, release)
 	if !strings.Contains(d.out.String(), "dispatcher stopped") {
 		t.Errorf("dispatcher output lacks its stop line:\n%s", d.out)
 	}
 	var sent, maxAttempts int
-	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'sent'), coalesce(max(attempts), 0) FROM outbox`).Scan(&sent, &maxAttempts); err != nil {
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'sent'), coalesce(max(attempts), 0) FROM outbox_events`).Scan(&sent, &maxAttempts); err != nil {
 		t.Fatal(err)
 	}
 	if sent == 0 || maxAttempts != 1 {
@@ -372,14 +405,14 @@ func TestDispatchAndConsumeSurviveSIGTERMMidBatch(t *testing.T) {
 	deadline := time.Now().Add(60 * time.Second)
 	for sent < len(all) && time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond)
-		_ = db.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE state = 'sent'`).Scan(&sent)
+		_ = db.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox_events WHERE state = 'sent'`).Scan(&sent)
 	}
 	checkHealthy(t, d, alive)
 	d.stop(t, nil)
 	if _, err := os.Stat(alive); !os.IsNotExist(err) {
 		t.Errorf("liveness file left behind after the stop: %v", err)
 	}
-	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'sent'), max(attempts) FROM outbox`).Scan(&sent, &maxAttempts); err != nil || sent != len(all) || maxAttempts != 1 {
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'sent'), max(attempts) FROM outbox_events`).Scan(&sent, &maxAttempts); err != nil || sent != len(all) || maxAttempts != 1 {
 		t.Fatalf("%d of %d sent, attempts up to %d (%v)", sent, len(all), maxAttempts, err)
 	}
 

@@ -202,3 +202,20 @@ func (c Cost) Busy() float64 {
 	}
 	return c.Used.Machine.Seconds() / (c.Wall.Seconds() * float64(runtime.NumCPU()))
 }
+
+// Pids returns the CPU time used so far by the live processes pids: a
+// connection pool's PostgreSQL backends (pg_backend_pid of each
+// connection), so that other clients of a shared server are not counted.
+func Pids(pids ...int) time.Duration {
+	var total time.Duration
+	for _, pid := range pids {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if err != nil {
+			continue // exited
+		}
+		if _, ticks, ok := parse(b); ok {
+			total += time.Duration(ticks) * clockTick
+		}
+	}
+	return total
+}

@@ -47,7 +47,7 @@ type outboxTestDB interface {
 func count(t testing.TB, db outbox.DB, where string) int {
 	t.Helper()
 	var n int
-	if err := db.QueryRow(context.Background(), "SELECT count(*) FROM outbox WHERE "+where).Scan(&n); err != nil {
+	if err := db.QueryRow(context.Background(), "SELECT count(*) FROM outbox_events WHERE "+where).Scan(&n); err != nil {
 		t.Fatalf("count %s: %v", where, err)
 	}
 	return n

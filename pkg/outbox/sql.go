@@ -66,15 +66,19 @@ const sqlMark = `SELECT outbox_mark_runs($1::uuid, $2::text[], $3::text[], $4::b
     $6::text[], $7::bigint[], $8::text[], $9::bigint[], $10::bigint[])`
 
 // sqlRawClaimAndMark is the benchmark's reference: one statement that claims
-// and marks a batch, the fastest PostgreSQL can move rows out of pending.
+// and marks a batch, the fastest PostgreSQL can move rows out of pending
+// (the benchmark gives it the partial index on pending ids it needs).
 const sqlRawClaimAndMark = `
 UPDATE outbox SET state = 'sent', sent_at = now()
 WHERE id IN (SELECT id FROM outbox WHERE state = 'pending' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)`
 
 // sqlStats reads the backlog figures operators and alarms watch. Per-head
 // counts come from the heads (O(aggregates with a backlog)), event counts
-// from the sequence counters (last_seq - next_seq + 1 unsent events per head).
+// from the sequence counters (last_seq - next_seq + 1 unsent events per head:
+// every event below a head's next_seq is sent, migrations/00030).
 // A head is backing off when it is unclaimed, not yet due and retrying.
+// Aggregates whose wake-ups no claim has consumed yet (no head, or an idle
+// one) are counted from their events (O(wake-ups waiting)).
 const sqlStats = `
 WITH active AS (
     SELECT h.aggregate_type, h.aggregate_id, h.state, h.next_seq, h.due_at, h.claim_token, h.retry_since,
@@ -87,29 +91,71 @@ WITH active AS (
     -- turning it into a join that reads every aggregate).
     CROSS JOIN LATERAL (SELECT a.last_seq FROM outbox_aggregates a
                         WHERE a.aggregate_type = h.aggregate_type AND a.aggregate_id = h.aggregate_id OFFSET 0) a
+), oldest AS (
+    -- Each active head's first pending event (the head event, or the first
+    -- one behind a dead head).
+    SELECT h.state, h.backing_off, o.created_at
+    FROM active h
+    CROSS JOIN LATERAL (SELECT created_at FROM outbox o
+                        WHERE o.aggregate_type = h.aggregate_type AND o.aggregate_id = h.aggregate_id
+                          AND o.aggregate_seq >= h.next_seq AND o.state = 'pending'
+                        ORDER BY o.aggregate_seq LIMIT 1) o
+), woken AS MATERIALIZED (
+    SELECT w.aggregate_type, w.aggregate_id
+    FROM (SELECT DISTINCT aggregate_type, aggregate_id FROM outbox_wakeups) w
+    WHERE NOT EXISTS (SELECT 1 FROM outbox_heads h
+                      WHERE h.aggregate_type = w.aggregate_type AND h.aggregate_id = w.aggregate_id AND h.state <> 'idle')
+), woken_unsent AS (
+    SELECT count(*) AS n, min(o.created_at) AS oldest
+    FROM woken w
+    CROSS JOIN LATERAL (SELECT o.created_at FROM outbox o
+                        WHERE o.aggregate_type = w.aggregate_type AND o.aggregate_id = w.aggregate_id
+                          AND o.aggregate_seq >= coalesce((SELECT h.next_seq FROM outbox_heads h
+                                                           WHERE h.aggregate_type = w.aggregate_type
+                                                             AND h.aggregate_id = w.aggregate_id), 0)
+                          AND o.state = 'pending' OFFSET 0) o
+), dead AS (
+    SELECT count(*) AS n FROM outbox WHERE state = 'dead'
 )
 SELECT
-    (SELECT count(*) FROM outbox WHERE state = 'pending'),
-    (SELECT count(*) FROM outbox WHERE state = 'dead'),
+    (SELECT coalesce(sum(unsent), 0)::bigint FROM active) + (SELECT n FROM woken_unsent) - (SELECT n FROM dead),
+    (SELECT n FROM dead),
     (SELECT count(*) FROM active WHERE state = 'dead'),
     (SELECT count(*) FROM active WHERE state = 'ready' AND claim_token IS NOT NULL AND due_at > now()),
-    (SELECT extract(epoch FROM now() - created_at)::float8 FROM outbox WHERE state = 'pending' ORDER BY id LIMIT 1),
-    (SELECT coalesce(sum(unsent), 0)::bigint FROM active WHERE state = 'ready' AND NOT backing_off),
+    (SELECT extract(epoch FROM now() - least((SELECT min(created_at) FROM oldest), (SELECT oldest FROM woken_unsent)))::float8),
+    (SELECT coalesce(sum(unsent), 0)::bigint FROM active WHERE state = 'ready' AND NOT backing_off) + (SELECT n FROM woken_unsent),
     (SELECT coalesce(sum(unsent), 0)::bigint FROM active WHERE backing_off),
     (SELECT coalesce(sum(unsent), 0)::bigint FROM active WHERE state = 'dead'),
     (SELECT count(*) FROM active WHERE state = 'ready' AND retry_since IS NOT NULL),
-    (SELECT extract(epoch FROM now() - min(o.created_at))::float8
-     FROM active h
-     CROSS JOIN LATERAL (SELECT created_at FROM outbox o
-                         WHERE o.aggregate_type = h.aggregate_type AND o.aggregate_id = h.aggregate_id
-                           AND o.aggregate_seq >= h.next_seq AND o.state = 'pending'
-                         ORDER BY o.aggregate_seq LIMIT 1) o
-     WHERE h.state = 'ready' AND NOT h.backing_off)`
+    (SELECT extract(epoch FROM now() - least((SELECT min(created_at) FROM oldest WHERE state = 'ready' AND NOT backing_off),
+                                             (SELECT oldest FROM woken_unsent)))::float8)`
 
-// sqlPrune deletes up to $2 sent (or discarded) rows older than $1, oldest first.
+// sqlPrune deletes sent (and discarded) events created (legacy 'sent' rows:
+// sent) before $3 among the $2 rows after id $1, and returns how many it
+// deleted, the last id it looked at (NULL: end of the table) and whether it
+// saw a row younger than $3 (ids grow with time: nothing further is old
+// enough; a row's age is its creation, or for a sent or discarded row that
+// says when, that time). A window of ids, not a search for matches: every statement reads
+// at most $2 rows, and one Prune reads each row once, however few are
+// prunable. An event is sent when it is below its head's next_seq
+// (migrations/00030); one primary-key probe of outbox_heads per row.
 const sqlPrune = `
-DELETE FROM outbox WHERE id IN (
-    SELECT id FROM outbox WHERE state IN ('sent', 'discarded') AND sent_at < $1 ORDER BY id LIMIT $2)`
+WITH w AS MATERIALIZED (
+    SELECT o.id, o.state, o.aggregate_type, o.aggregate_id, o.aggregate_seq, o.created_at, o.sent_at
+    FROM outbox o WHERE o.id > $1 ORDER BY o.id LIMIT $2
+), del AS (
+    DELETE FROM outbox d USING w
+    WHERE d.id = w.id
+      AND CASE WHEN w.state IN ('sent', 'discarded') THEN coalesce(w.sent_at, w.created_at) < $3
+               WHEN w.state = 'pending' THEN w.created_at < $3
+                    AND w.aggregate_seq < (SELECT h.next_seq FROM outbox_heads h
+                                           WHERE h.aggregate_type = w.aggregate_type AND h.aggregate_id = w.aggregate_id)
+               ELSE false END
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM del), (SELECT max(id) FROM w),
+       coalesce((SELECT bool_or(CASE WHEN state IN ('sent', 'discarded') THEN coalesce(sent_at, created_at) ELSE created_at END >= $3)
+                 FROM w), false)`
 
 // sqlRequeueDead, sqlDiscardDead and sqlRebuildHeads are the operator's
 // actions on dead events and heads (functions in migrations/00009).

@@ -58,9 +58,12 @@ func seconds(s *float64) time.Duration {
 	return time.Duration(*s * float64(time.Second))
 }
 
-// Prune deletes sent (and discarded) events older than olderThan, at most batch rows per
-// statement so no single transaction grows large, until none are left or ctx
-// ends. It returns how many rows it deleted.
+// Prune deletes sent (and discarded) events older than olderThan, reading
+// at most batch rows per statement so no single transaction grows large,
+// until it reaches events younger than that or ctx ends. It returns how many
+// rows it deleted. A sent event's age is its creation time (the time it was
+// sent is not recorded: a mark only moves its aggregate's head), or for rows
+// written before migration 00030, when it was sent.
 func Prune(ctx context.Context, db DB, olderThan time.Duration, batch int) (int64, error) {
 	if olderThan < 0 {
 		return 0, errors.New("prune: olderThan must not be negative")
@@ -69,18 +72,23 @@ func Prune(ctx context.Context, db DB, olderThan time.Duration, batch int) (int6
 		return 0, errors.New("prune: batch must be at least 1")
 	}
 	cutoff := time.Now().Add(-olderThan)
-	var total int64
+	var total, after int64
 	for {
 		if err := ctx.Err(); err != nil {
 			return total, fmt.Errorf("prune: %w", err)
 		}
-		tag, err := db.Exec(ctx, sqlPrune, cutoff, batch)
-		if err != nil {
+		var (
+			n     int64
+			last  *int64
+			young bool
+		)
+		if err := db.QueryRow(ctx, sqlPrune, after, batch, cutoff).Scan(&n, &last, &young); err != nil {
 			return total, fmt.Errorf("prune sent events: %w", err)
 		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < int64(batch) {
+		total += n
+		if last == nil || young {
 			return total, nil
 		}
+		after = *last
 	}
 }

@@ -364,8 +364,10 @@ func (s *Service) prune(ctx context.Context, cmd Command) (Result, error) {
 	}
 	count := func() (n, m int64, err error) {
 		// What outbox.Prune and inbox.Prune delete: sent and discarded
-		// events, inbox rows, past their retention.
-		if err := s.db.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE state IN ('sent', 'discarded') AND sent_at < $1`,
+		// events (outbox_events derives sent from the heads; a sent event's
+		// age is its creation unless its row says when it was sent), inbox
+		// rows, past their retention.
+		if err := s.db.QueryRow(ctx, `SELECT count(*) FROM outbox_events WHERE state IN ('sent', 'discarded') AND coalesce(sent_at, created_at) < $1`,
 			time.Now().Add(-older)).Scan(&n); err != nil {
 			return 0, 0, fmt.Errorf("count prunable events: %w", err)
 		}

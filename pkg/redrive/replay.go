@@ -44,7 +44,7 @@ func (s *Service) replay(ctx context.Context, cmd Command) (Result, error) {
 	}
 	rows, err := s.db.Query(ctx, `SELECT id, event_id::text, event_type, aggregate_type, aggregate_id, aggregate_seq,
        coalesce(tenant_id, ''), coalesce(traceparent, '')
-FROM outbox WHERE state = 'sent'`+sqlSelectWhere+`
+FROM outbox_events WHERE state = 'sent'`+sqlSelectWhere+`
 ORDER BY aggregate_id, aggregate_seq`, ids, cmd.AggregateType, since, until)
 	if err != nil {
 		return res, fmt.Errorf("replay: select events: %w", err)

@@ -154,7 +154,7 @@ func invocation(t testing.TB) []time.Duration {
 	}
 	var claimed, pending int
 	if err := db.Pool.QueryRow(context.Background(),
-		`SELECT (SELECT count(*) FROM outbox_heads WHERE claim_token IS NOT NULL), count(*) FILTER (WHERE state = 'pending') FROM outbox`).Scan(&claimed, &pending); err != nil {
+		`SELECT (SELECT count(*) FROM outbox_heads WHERE claim_token IS NOT NULL), count(*) FILTER (WHERE state = 'pending') FROM outbox_events`).Scan(&claimed, &pending); err != nil {
 		t.Fatal(err)
 	}
 	if claimed != 0 {

@@ -59,7 +59,7 @@ func TestReplayOneConsumer(t *testing.T) {
 	// The stored events, ordered by aggregate and sequence (what
 	// pkg/redrive's replay selects), with the inbox rows cleared first.
 	rows, err := p.db.Pool.Query(ctx, `SELECT event_id::text, event_type, aggregate_type, aggregate_id, aggregate_seq, body
-FROM outbox WHERE state = 'sent' ORDER BY aggregate_id, aggregate_seq`)
+FROM outbox_events WHERE state = 'sent' ORDER BY aggregate_id, aggregate_seq`)
 	if err != nil {
 		t.Fatal(err)
 	}

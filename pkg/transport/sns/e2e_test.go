@@ -248,7 +248,7 @@ func TestEndToEndThroughEmulator(t *testing.T) {
 	t.Logf("5000 events through PostgreSQL -> SNS FIFO -> 3 filtered SQS FIFO queues in %s", time.Since(start).Round(time.Millisecond))
 	p.check()
 	var notSent int
-	_ = p.db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox WHERE state <> 'sent'").Scan(&notSent)
+	_ = p.db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox_events WHERE state <> 'sent'").Scan(&notSent)
 	if notSent != 0 {
 		t.Fatalf("%d outbox rows not sent", notSent)
 	}
