@@ -206,13 +206,13 @@ func TestCorebillingConsumerUnchanged(t *testing.T) {
 	var state, lastErr string
 	var attempts int
 	eventually(t, 30*time.Second, "the doomed event dead", func() bool {
-		_ = db.Pool.QueryRow(ctx, `SELECT state, attempts, coalesce(last_error, '') FROM outbox WHERE event_id = $1`, doomed.env.ID).Scan(&state, &attempts, &lastErr)
+		_ = db.Pool.QueryRow(ctx, `SELECT state, attempts, coalesce(last_error, '') FROM outbox_events WHERE event_id = $1`, doomed.env.ID).Scan(&state, &attempts, &lastErr)
 		return state == "dead"
 	})
 	if attempts != 4 || !strings.Contains(lastErr, "injected") {
 		t.Errorf("doomed event: %d attempts, last error %q", attempts, lastErr)
 	}
-	if err := db.Pool.QueryRow(ctx, `SELECT state, attempts FROM outbox WHERE event_id = $1`, retried.env.ID).Scan(&state, &attempts); err != nil || state != "sent" || attempts != 3 {
+	if err := db.Pool.QueryRow(ctx, `SELECT state, attempts FROM outbox_events WHERE event_id = $1`, retried.env.ID).Scan(&state, &attempts); err != nil || state != "sent" || attempts != 3 {
 		t.Errorf("retried event: %s after %d attempts (%v), want sent after 3", state, attempts, err)
 	}
 	// The metadata in billing_events tells the truth: dispatched, and the

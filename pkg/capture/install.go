@@ -33,8 +33,11 @@ type Installation struct {
 	// Function is the trigger function that enqueues the rows each insert
 	// statement writes; Trigger its trigger on Table.
 	Function, Trigger string
-	// StatusFunction and StatusTrigger (on fifobox's outbox) keep the
+	// SentFunction and SentTrigger (on fifobox's outbox_heads: an event is
+	// sent when its aggregate's head moves past it), StatusFunction and
+	// StatusTrigger (on fifobox's outbox: an event goes dead) keep the
 	// table's status columns true; empty without a status section.
+	SentFunction, SentTrigger     string
 	StatusFunction, StatusTrigger string
 	// EventIDIndex is the unique index Install made on the table's json
 	// event id member (empty when the event id is a column).
@@ -97,14 +100,21 @@ func Install(ctx context.Context, db Beginner, p *wire.Profile, cfg InstallConfi
 			fmt.Sprintf("DROP TRIGGER IF EXISTS %s ON %s", pgx.Identifier{inst.Trigger}.Sanitize(), t.Ident()),
 			fmt.Sprintf("CREATE TRIGGER %s AFTER INSERT ON %s REFERENCING NEW TABLE AS fifobox_new FOR EACH STATEMENT EXECUTE FUNCTION %s()",
 				pgx.Identifier{inst.Trigger}.Sanitize(), t.Ident(), inst.Function))
-		statusTrigger := "fifobox_capture_status_" + p.Name
-		stmts = append(stmts, fmt.Sprintf("DROP TRIGGER IF EXISTS %s ON %s", pgx.Identifier{statusTrigger}.Sanitize(), g.ident("outbox")))
+		statusTrigger, sentTrigger := "fifobox_capture_status_"+p.Name, "fifobox_capture_sent_"+p.Name
+		stmts = append(stmts,
+			fmt.Sprintf("DROP TRIGGER IF EXISTS %s ON %s", pgx.Identifier{statusTrigger}.Sanitize(), g.ident("outbox")),
+			fmt.Sprintf("DROP TRIGGER IF EXISTS %s ON %s", pgx.Identifier{sentTrigger}.Sanitize(), g.ident("outbox_heads")))
 		if p.Source.Status != nil {
 			inst.StatusFunction, inst.StatusTrigger = g.ident("fifobox_capture_status_"+p.Name), statusTrigger
+			inst.SentFunction, inst.SentTrigger = g.ident("fifobox_capture_sent_"+p.Name), sentTrigger
 			stmts = append(stmts, g.statusFunction(inst.StatusFunction),
 				fmt.Sprintf(`CREATE TRIGGER %s AFTER UPDATE OF state ON %s FOR EACH ROW
 WHEN (NEW.state IN ('sent', 'dead') AND OLD.state IS DISTINCT FROM NEW.state) EXECUTE FUNCTION %s()`,
-					pgx.Identifier{statusTrigger}.Sanitize(), g.ident("outbox"), inst.StatusFunction))
+					pgx.Identifier{statusTrigger}.Sanitize(), g.ident("outbox"), inst.StatusFunction),
+				g.sentFunction(inst.SentFunction),
+				fmt.Sprintf(`CREATE TRIGGER %s AFTER UPDATE OF next_seq ON %s FOR EACH ROW
+WHEN (NEW.next_seq > OLD.next_seq) EXECUTE FUNCTION %s()`,
+					pgx.Identifier{sentTrigger}.Sanitize(), g.ident("outbox_heads"), inst.SentFunction))
 		}
 		for _, q := range stmts {
 			if _, err := tx.Exec(ctx, q); err != nil {
@@ -141,6 +151,8 @@ func Uninstall(ctx context.Context, db Beginner, p *wire.Profile, cfg InstallCon
 			fmt.Sprintf("DROP TRIGGER IF EXISTS %s ON %s", pgx.Identifier{"fifobox_capture_status_" + p.Name}.Sanitize(), g.ident("outbox")),
 			fmt.Sprintf("DROP FUNCTION IF EXISTS %s()", g.ident("fifobox_capture_"+p.Name)),
 			fmt.Sprintf("DROP FUNCTION IF EXISTS %s()", g.ident("fifobox_capture_status_"+p.Name)),
+			fmt.Sprintf("DROP TRIGGER IF EXISTS %s ON %s", pgx.Identifier{"fifobox_capture_sent_" + p.Name}.Sanitize(), g.ident("outbox_heads")),
+			fmt.Sprintf("DROP FUNCTION IF EXISTS %s()", g.ident("fifobox_capture_sent_"+p.Name)),
 		} {
 			if _, err := tx.Exec(ctx, q); err != nil {
 				return fmt.Errorf("capture: uninstall profile %s: %w", p.Name, err)
@@ -319,23 +331,28 @@ $fifobox$`, name, pgx.Identifier{g.schema}.Sanitize(), g.p.Name, g.t.Ident(),
 		quoteLiteral(g.p.Name), quoteLiteral(g.t.Ident()), quoteLiteral(idRef)), nil
 }
 
-// match finds the producer's row of the outbox row NEW.
-func (g *gen) match() string {
+// match finds the producer's row (alias t) of the event whose id is id.
+func (g *gen) match(id string) string {
 	r := g.s.Refs()["event_id"][0]
+	col := "t." + pgx.Identifier{r.Column}.Sanitize()
 	switch {
 	case len(r.Path) > 0:
-		return fmt.Sprintf("(%s) = NEW.event_id::text", g.member(r, ""))
+		return fmt.Sprintf("(%s) = %s::text", g.member(r, "t"), id)
 	case g.p.EventIDFormat == wire.ULID:
-		return fmt.Sprintf("%s = fifobox_uuid_to_ulid(NEW.event_id)", pgx.Identifier{r.Column}.Sanitize())
+		return fmt.Sprintf("%s = fifobox_uuid_to_ulid(%s)", col, id)
 	case g.t.Columns[r.Column] == "uuid":
-		return fmt.Sprintf("%s = NEW.event_id", pgx.Identifier{r.Column}.Sanitize())
+		return fmt.Sprintf("%s = %s", col, id)
 	}
-	return fmt.Sprintf("%s = NEW.event_id::text", pgx.Identifier{r.Column}.Sanitize())
+	return fmt.Sprintf("%s = %s::text", col, id)
 }
+
+// event is where a status value's placeholders come from: the outbox
+// row's attempts and last error, as SQL.
+type event struct{ attempts, lastError string }
 
 // value is a status value as SQL of the target column's type (typ), or as
 // jsonb for a json member (typ "").
-func (g *gen) value(set wire.StatusSet, typ string) string {
+func (g *gen) value(set wire.StatusSet, typ string, ev event) string {
 	var e string
 	switch set.Placeholder {
 	case "{now}":
@@ -344,9 +361,9 @@ func (g *gen) value(set wire.StatusSet, typ string) string {
 			e = "(now() AT TIME ZONE 'UTC')"
 		}
 	case "{attempts}":
-		e = "NEW.attempts"
+		e = ev.attempts
 	case "{last_error}":
-		e = "NEW.last_error"
+		e = ev.lastError
 	default:
 		if typ == "" {
 			return quoteLiteral(string(set.Value)) + "::jsonb"
@@ -365,21 +382,21 @@ func (g *gen) value(set wire.StatusSet, typ string) string {
 
 // sets is the SET list for state: json members of one column nest
 // jsonb_set calls (a null value becomes JSON null, never a null column).
-func (g *gen) sets(state string) string {
+func (g *gen) sets(state string, ev event) string {
 	var cols []string
 	members := map[string]string{}
 	for _, set := range g.s.StatusSets(state) {
 		c := set.Target.Column
 		typ := g.t.Columns[c]
 		if len(set.Target.Path) == 0 {
-			cols = append(cols, fmt.Sprintf("%s = %s", pgx.Identifier{c}.Sanitize(), g.value(set, typ)))
+			cols = append(cols, fmt.Sprintf("%s = %s", pgx.Identifier{c}.Sanitize(), g.value(set, typ, ev)))
 			continue
 		}
 		cur, ok := members[c]
 		if !ok {
-			cur = pgx.Identifier{c}.Sanitize() + "::jsonb"
+			cur = "t." + pgx.Identifier{c}.Sanitize() + "::jsonb"
 		}
-		members[c] = fmt.Sprintf("jsonb_set(%s, %s, %s)", cur, pathLiteral(set.Target.Path), g.value(set, ""))
+		members[c] = fmt.Sprintf("jsonb_set(%s, %s, %s)", cur, pathLiteral(set.Target.Path), g.value(set, "", ev))
 	}
 	for _, c := range sortedKeys(members) {
 		cols = append(cols, fmt.Sprintf("%s = %s::%s", pgx.Identifier{c}.Sanitize(), members[c], g.t.Columns[c]))
@@ -387,21 +404,44 @@ func (g *gen) sets(state string) string {
 	return strings.Join(cols, ", ")
 }
 
+// statusFunction follows an outbox row's own state: dead (and sent, as
+// dispatchers before the watermark wrote it).
 func (g *gen) statusFunction(name string) string {
+	ev := event{attempts: "NEW.attempts", lastError: "NEW.last_error"}
 	body := ""
 	for _, state := range []string{"sent", "dead"} {
-		if sets := g.sets(state); sets != "" {
-			body += fmt.Sprintf("    IF NEW.state = '%s' THEN\n        UPDATE %s SET %s WHERE %s;\n    END IF;\n", state, g.t.Ident(), sets, g.match())
+		if sets := g.sets(state, ev); sets != "" {
+			body += fmt.Sprintf("    IF NEW.state = '%s' THEN\n        UPDATE %s AS t SET %s WHERE %s;\n    END IF;\n", state, g.t.Ident(), sets, g.match("NEW.event_id"))
 		}
 	}
 	return fmt.Sprintf(`CREATE OR REPLACE FUNCTION %s() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = %s, pg_catalog AS $fifobox$
 -- Generated by fifobox (pkg/capture) from profile %s: the status columns of
--- %s follow the event's state in fifobox's outbox.
+-- %s follow an event that goes dead in fifobox's outbox.
 BEGIN
 %s    RETURN NULL;
 END
 $fifobox$`, name, pgx.Identifier{g.schema}.Sanitize(), g.p.Name, g.t.Ident(), body)
+}
+
+// sentFunction follows the watermark: when an aggregate's head moves from
+// OLD.next_seq to NEW.next_seq, its events in between were published (the
+// successful publish is one more attempt than the row counts).
+func (g *gen) sentFunction(name string) string {
+	ev := event{attempts: "o.attempts + 1", lastError: "o.last_error"}
+	return fmt.Sprintf(`CREATE OR REPLACE FUNCTION %s() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = %s, pg_catalog AS $fifobox$
+-- Generated by fifobox (pkg/capture) from profile %s: the status columns of
+-- %s follow the events an aggregate's head moves past (published).
+BEGIN
+    UPDATE %s AS t SET %s
+    FROM outbox o
+    WHERE o.aggregate_type = NEW.aggregate_type AND o.aggregate_id = NEW.aggregate_id
+      AND o.aggregate_seq >= OLD.next_seq AND o.aggregate_seq < NEW.next_seq AND o.state = 'pending'
+      AND %s;
+    RETURN NULL;
+END
+$fifobox$`, name, pgx.Identifier{g.schema}.Sanitize(), g.p.Name, g.t.Ident(), g.t.Ident(), g.sets("sent", ev), g.match("o.event_id"))
 }
 
 func sortedKeys(m map[string]string) []string {

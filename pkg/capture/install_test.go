@@ -5,14 +5,18 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fifobox/fifobox/internal/pgtest"
 	"github.com/fifobox/fifobox/pkg/capture"
 	"github.com/fifobox/fifobox/pkg/envelope"
+	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/wire"
 )
 
@@ -177,7 +181,16 @@ func TestInstallCapturesTheDocumentsWrites(t *testing.T) {
 				}
 				return
 			}
-			if _, err := in.fifobox.Pool.Exec(ctx, `UPDATE outbox SET state = 'sent', sent_at = now(), attempts = 1`); err != nil {
+			// fifobox's dispatcher publishes them (a broker that takes everything).
+			d, err := outbox.NewDispatcher(in.fifobox.Pool, outbox.PublisherFunc(func(_ context.Context, msgs []outbox.Message) []error {
+				return make([]error, len(msgs))
+			}), outbox.DispatcherConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			if err := d.Drain(dctx); err != nil {
 				t.Fatal(err)
 			}
 			var n int
