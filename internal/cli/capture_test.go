@@ -22,7 +22,14 @@ func TestCaptureChecksBeforeItInstalls(t *testing.T) {
 		available_at timestamptz NOT NULL DEFAULT now(), attempts int NOT NULL DEFAULT 0, created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
 		t.Fatal(err)
 	}
-	_, _, err := runCLI(t, "--database-url", db.URL, "capture", "--profile", "holdco")
+	// A profile without the aggregate's key path is refused as it is read.
+	noKey := `{"name": "mine", "body": {"id": "{event_id}"}, "nats": {"subject": "x", "stream": {"name": "S", "subjects": ["x"]}},
+		"source": {"table": "event_outbox", "event_id": "id", "event_type": "event_type", "aggregate_type": "aggregate_type", "payload": "payload"}}`
+	_, _, err := runCLI(t, "--database-url", db.URL, "capture", "--profile", noKey)
+	if err == nil || !strings.Contains(err.Error(), "source.aggregate_id: required") {
+		t.Fatalf("got %v, want the missing key path named", err)
+	}
+	_, _, err = runCLI(t, "--database-url", db.URL, "capture", "--profile", "holdco")
 	if err == nil || !strings.Contains(err.Error(), `profile holdco: source.event_id: column`) || !strings.Contains(err.Error(), `"id" is not unique`) {
 		t.Fatalf("got %v, want the non-unique id column named by its profile field", err)
 	}
