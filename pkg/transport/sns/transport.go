@@ -52,7 +52,7 @@ var localEnv = envspec.Set{
 
 // OpenEnv is every variable transport.Open reads for SNS/SQS: Env and the
 // wire profile's (FIFOBOX_PROFILE).
-var OpenEnv = envspec.Join(Env, wire.Env)
+var OpenEnv = envspec.Join(Env, wire.Env, inbox.TableEnv)
 
 func init() {
 	transport.Register(transport.SNS, transport.Opener{Env: OpenEnv, Open: open})
@@ -339,7 +339,11 @@ func (t *Transport) handler(consumer, dlqURL string, db inbox.DB, apply inbox.Ap
 	if log == nil {
 		log = t.cfg.Logger
 	}
-	hc := HandlerConfig{Consumer: consumer, DLQURL: dlqURL, Order: o, MaxReceiveCount: maxReceive, MaxRetries: t.cfg.MaxRetries,
+	table, err := inbox.TableFromEnv()
+	if err != nil {
+		return nil, err
+	}
+	hc := HandlerConfig{Consumer: consumer, DLQURL: dlqURL, Order: o, Inbox: table, MaxReceiveCount: maxReceive, MaxRetries: t.cfg.MaxRetries,
 		DeadlineMargin: lc.DeadlineMargin, LogAggregateIDs: lc.LogAggregateIDs || t.cfg.LogAggregateIDs, Logger: log, OnSettle: onSettle}
 	if em := lc.Metrics; em != nil {
 		hc.OnBatch = func(m inbox.BatchMetrics) {
