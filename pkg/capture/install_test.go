@@ -304,3 +304,29 @@ func mustRead(t *testing.T, name string) string {
 	}
 	return string(b)
 }
+
+// fifobox in a schema of its own serves producers whose search_path holds
+// only their schema, with a table of theirs named outbox: the enqueue
+// function called by its qualified name resolves everything in fifobox's
+// schema (migration 00052).
+func TestEnqueueFromAnotherSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	fb := pgtest.New(t)
+	app := pgtest.NewEmpty(t)
+	if _, err := app.Pool.Exec(ctx, documentTables["transfers"]); err != nil {
+		t.Fatal(err)
+	}
+	q := fmt.Sprintf(`SELECT event_id FROM %s.fifobox_enqueue_batch($1::json)`, pgx.Identifier{fb.Schema}.Sanitize())
+	var id string
+	if err := app.Pool.QueryRow(ctx, q, `[{"type": "events.transfers.submitted.usdc", "aggregate_type": "transfer", "aggregate_id": "tr_1", "payload": {}}]`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	var mine, theirs int
+	if err := fb.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE event_id = $1`, id).Scan(&mine); err != nil || mine != 1 {
+		t.Errorf("fifobox's outbox holds %d of the event (%v)", mine, err)
+	}
+	if err := app.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&theirs); err != nil || theirs != 0 {
+		t.Errorf("the producer's own outbox holds %d rows (%v)", theirs, err)
+	}
+}
