@@ -339,12 +339,11 @@ func (t *Transport) handler(consumer, dlqURL string, db inbox.DB, apply inbox.Ap
 	if log == nil {
 		log = t.cfg.Logger
 	}
-	table, err := inbox.TableFromEnv()
-	if err != nil {
+	hc := HandlerConfig{Consumer: consumer, DLQURL: dlqURL, Order: o, MaxReceiveCount: maxReceive, MaxRetries: t.cfg.MaxRetries,
+		DeadlineMargin: lc.DeadlineMargin, LogAggregateIDs: lc.LogAggregateIDs || t.cfg.LogAggregateIDs, Logger: log, OnSettle: onSettle}
+	if hc.Inbox, err = inbox.TableFromEnv(); err != nil {
 		return nil, err
 	}
-	hc := HandlerConfig{Consumer: consumer, DLQURL: dlqURL, Order: o, Inbox: table, MaxReceiveCount: maxReceive, MaxRetries: t.cfg.MaxRetries,
-		DeadlineMargin: lc.DeadlineMargin, LogAggregateIDs: lc.LogAggregateIDs || t.cfg.LogAggregateIDs, Logger: log, OnSettle: onSettle}
 	if em := lc.Metrics; em != nil {
 		hc.OnBatch = func(m inbox.BatchMetrics) {
 			if err := em.InboxBatch(m); err != nil {
