@@ -47,7 +47,7 @@ func (b *Batch) Apply(ctx context.Context, e envelope.Envelope, fn SideEffect) (
 	if err := b.tx.begin(ctx, b.db); err != nil {
 		return 0, err
 	}
-	claimed, err := b.tx.claim(ctx, defaultClaimer.query(b.consumer, e))
+	claimed, err := b.tx.claim(ctx, b.consumer, e)
 	if err != nil {
 		return 0, err
 	}

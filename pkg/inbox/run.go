@@ -90,6 +90,7 @@ func (e *Engine) run(ctx context.Context, batch []*Record, deadline bool, pre ma
 		return unfinishedDecisions(batch, ClassDeadline), nil
 	}
 	var b batchTx
+	b.claimer = e.claimer
 	defer b.rollback(ctx)
 	strict := e.cfg.Order == OrderStrict
 	var groups []string
@@ -211,7 +212,7 @@ func (e *Engine) decide(ctx context.Context, b *batchTx, r *Record, speculated, 
 		claimed := firstClaimed
 		if !speculated {
 			var cerr error
-			claimed, cerr = b.claim(rctx, e.claimer.query(e.cfg.Consumer, r.env))
+			claimed, cerr = b.claim(rctx, e.cfg.Consumer, r.env)
 			hasSP = true
 			if cerr != nil {
 				if b.broken != nil {
