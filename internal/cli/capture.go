@@ -25,8 +25,9 @@ first (the table, each column and its type, a unique event id) and refuses, nami
 the profile field, anything that would not deliver; then, in one transaction, it
 installs an insert trigger on that table that enqueues each new row into fifobox's
 outbox, and, with a status section, a trigger that keeps the table's status columns
-true. Run it as the owner of the producers' table, connected with that table on the
-search_path. --uninstall removes the triggers.`,
+true. Run it as the owner of the producers' table, a member of fifobox_producer (the triggers
+run with the installer's rights, which it checks), connected with that table on the search_path
+and fifobox's schema given by --fifobox-schema. --uninstall removes the triggers.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if a.viaLambda != "" {

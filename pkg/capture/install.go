@@ -83,6 +83,24 @@ func Install(ctx context.Context, db Beginner, p *wire.Profile, cfg InstallConfi
 		if err != nil {
 			return err
 		}
+		// The functions run with the installer's rights: a right missing
+		// now would fail producers' inserts, or the dispatcher's marks,
+		// later.
+		var canEnqueue, canRead, canUpdate bool
+		if err := tx.QueryRow(ctx, `SELECT coalesce((SELECT bool_or(has_function_privilege(p.oid, 'EXECUTE')) FROM pg_proc p
+			WHERE p.pronamespace = $1::regnamespace AND p.proname = 'fifobox_enqueue_events'), false),
+			has_table_privilege($2::regclass, 'SELECT'), has_table_privilege($3::oid, 'UPDATE')`,
+			pgx.Identifier{schema}.Sanitize(), pgx.Identifier{schema, "outbox"}.Sanitize(), t.OID).Scan(&canEnqueue, &canRead, &canUpdate); err != nil {
+			return fmt.Errorf("capture: check the installer's rights: %w", err)
+		}
+		switch {
+		case !canEnqueue:
+			return fmt.Errorf("capture: profile %s: the installing user cannot execute %s.fifobox_enqueue_events (grant it fifobox_producer)", p.Name, schema)
+		case p.Source.Status != nil && !canRead:
+			return fmt.Errorf("capture: profile %s: source.status: the installing user cannot read %s.outbox, which the status trigger joins", p.Name, schema)
+		case p.Source.Status != nil && !canUpdate:
+			return fmt.Errorf("capture: profile %s: source.status: the installing user cannot update %s", p.Name, t.Ident())
+		}
 		g := &gen{p: p, s: p.Source, t: t, schema: schema}
 		inst = Installation{Table: t,
 			Function: g.ident("fifobox_capture_" + p.Name), Trigger: "fifobox_capture_" + p.Name}

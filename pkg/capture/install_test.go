@@ -330,3 +330,51 @@ func TestEnqueueFromAnotherSchema(t *testing.T) {
 		t.Errorf("the producer's own outbox holds %d rows (%v)", theirs, err)
 	}
 }
+
+// Installing as a user who could not keep the status columns true is
+// refused before anything is installed, not at the dispatcher's first mark.
+func TestInstallChecksTheInstallersRights(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	fb := pgtest.New(t)
+	app := pgtest.NewEmpty(t)
+	if _, err := app.Pool.Exec(ctx, documentTables["ticketing"]); err != nil {
+		t.Fatal(err)
+	}
+	role := "capture_test_" + strings.TrimPrefix(app.Schema, "t_")
+	if _, err := app.Pool.Exec(ctx, fmt.Sprintf(`CREATE ROLE %[1]s; GRANT USAGE ON SCHEMA %[2]s, %[3]s TO %[1]s;
+		GRANT SELECT ON outbox TO %[1]s; GRANT SELECT ON %[3]s.outbox TO %[1]s`, role, app.Schema, fb.Schema)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = app.Pool.Exec(context.Background(), fmt.Sprintf(`DROP OWNED BY %[1]s; DROP ROLE %[1]s`, role))
+	})
+	conn, err := pgx.Connect(ctx, app.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "SET ROLE "+role); err != nil {
+		t.Fatal(err)
+	}
+	p, err := wire.Load("ticketing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = capture.Install(ctx, conn, p, capture.InstallConfig{Schema: fb.Schema})
+	if err == nil || !strings.Contains(err.Error(), "cannot execute "+fb.Schema+".fifobox_enqueue_events (grant it fifobox_producer)") {
+		t.Fatalf("without fifobox_producer: got %v", err)
+	}
+	if _, err := app.Pool.Exec(ctx, "GRANT fifobox_producer TO "+role); err != nil {
+		t.Fatal(err)
+	}
+	_, err = capture.Install(ctx, conn, p, capture.InstallConfig{Schema: fb.Schema})
+	if err == nil || !strings.Contains(err.Error(), "source.status: the installing user cannot update") {
+		t.Fatalf("without UPDATE on the table: got %v", err)
+	}
+	var n int
+	if err := app.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'fifobox_capture%'
+		AND tgrelid IN ('outbox'::regclass, $1::regclass, $2::regclass)`, fb.Schema+".outbox", fb.Schema+".outbox_heads").Scan(&n); err != nil || n != 0 {
+		t.Errorf("%d capture triggers after refused installs (%v)", n, err)
+	}
+}
