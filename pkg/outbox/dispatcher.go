@@ -30,11 +30,9 @@ type DispatcherConfig struct {
 	// BatchSize is the most events one claim takes. Default 500.
 	BatchSize int
 	// MaxRun is the most consecutive events of one aggregate a claim takes
-	// while other aggregates compete for the batch. Default BatchSize/40
-	// (at least 1), so a few deep aggregates whose old backlogs put them
-	// first in line take a small share of each claim and everyone else keeps
-	// its rate (issue 28: five deep aggregates at BatchSize/4 filled whole
-	// batches; make bench). When the claim leaves the batch room,
+	// while other aggregates compete for the batch. Default BatchSize/4, so a
+	// claim always has room for other aggregates beside a hot one (whose old
+	// backlog puts it first in line). When the claim leaves the batch room,
 	// a run that reached MaxRun is extended (up to BatchSize): an aggregate
 	// draining alone pays one claim and one mark per batch, not per MaxRun
 	// events. Every run is also bounded by RunBudget.
@@ -114,7 +112,7 @@ func (c *DispatcherConfig) setDefaults() {
 		}
 	}
 	def(&c.BatchSize, 500)
-	def(&c.MaxRun, max(c.BatchSize/40, 1))
+	def(&c.MaxRun, max(c.BatchSize/4, 1))
 	def(&c.PublishBatchSize, 10)
 	def(&c.PublishConcurrency, 16)
 	def(&c.Workers, 4)
