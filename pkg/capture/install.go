@@ -127,12 +127,12 @@ func Install(ctx context.Context, db Beginner, p *wire.Profile, cfg InstallConfi
 			inst.SentFunction, inst.SentTrigger = g.ident("fifobox_capture_sent_"+p.Name), sentTrigger
 			stmts = append(stmts, g.statusFunction(inst.StatusFunction),
 				fmt.Sprintf(`CREATE TRIGGER %s AFTER UPDATE OF state ON %s FOR EACH ROW
-WHEN (NEW.state IN ('sent', 'dead') AND OLD.state IS DISTINCT FROM NEW.state) EXECUTE FUNCTION %s()`,
-					pgx.Identifier{statusTrigger}.Sanitize(), g.ident("outbox"), inst.StatusFunction),
+WHEN (NEW.state IN ('sent', 'dead') AND OLD.state IS DISTINCT FROM NEW.state%s) EXECUTE FUNCTION %s()`,
+					pgx.Identifier{statusTrigger}.Sanitize(), g.ident("outbox"), g.onlyType(), inst.StatusFunction),
 				g.sentFunction(inst.SentFunction),
 				fmt.Sprintf(`CREATE TRIGGER %s AFTER UPDATE OF next_seq ON %s FOR EACH ROW
-WHEN (NEW.next_seq > OLD.next_seq) EXECUTE FUNCTION %s()`,
-					pgx.Identifier{sentTrigger}.Sanitize(), g.ident("outbox_heads"), inst.SentFunction))
+WHEN (NEW.next_seq > OLD.next_seq%s) EXECUTE FUNCTION %s()`,
+					pgx.Identifier{sentTrigger}.Sanitize(), g.ident("outbox_heads"), g.onlyType(), inst.SentFunction))
 		}
 		for _, q := range stmts {
 			if _, err := tx.Exec(ctx, q); err != nil {
@@ -347,6 +347,16 @@ $fifobox$`, name, pgx.Identifier{g.schema}.Sanitize(), g.p.Name, g.t.Ident(),
 		g.textField("aggregate_id"), g.textField("tenant_id"), g.textField("correlation_id"), g.textField("causation_id"),
 		g.textField("traceparent"), payload,
 		quoteLiteral(g.p.Name), quoteLiteral(g.t.Ident()), quoteLiteral(idRef)), nil
+}
+
+// onlyType narrows the status triggers to the profile's aggregate type when
+// it is a constant (defaults.aggregate_type): events of other aggregates
+// (fifobox's own producers, other captures) then cost them nothing.
+func (g *gen) onlyType() string {
+	if len(g.s.Refs()["aggregate_type"]) > 0 || g.p.Defaults["aggregate_type"] == "" {
+		return ""
+	}
+	return " AND NEW.aggregate_type = " + quoteLiteral(g.p.Defaults["aggregate_type"])
 }
 
 // match finds the producer's row (alias t) of the event whose id is id.
