@@ -24,6 +24,7 @@ import (
 
 	"github.com/fifobox/fifobox/internal/containers"
 	"github.com/fifobox/fifobox/migrations"
+	"github.com/fifobox/fifobox/pkg/readmodel"
 	"github.com/fifobox/fifobox/pkg/redact"
 )
 
@@ -93,6 +94,11 @@ func newSchema(tb testing.TB, base string, migrate bool) *DB {
 	defer cancel()
 	if err := migrations.Up(ctx, db.Pool); err != nil {
 		tb.Fatalf("pgtest: migrate schema %s: %v", db.Schema, err)
+	}
+	// The example consumer's table, which no migration creates: tests
+	// across the repository run the example side effects.
+	if err := readmodel.Setup(ctx, db.Pool); err != nil {
+		tb.Fatalf("pgtest: schema %s: %v", db.Schema, err)
 	}
 	return db
 }

@@ -141,6 +141,11 @@ func (s *Service) migrate(ctx context.Context, cmd Command) (Result, error) {
 	if err != nil {
 		return Result{Operation: cmd.Operation}, err
 	}
+	if s.cfg.AfterMigrate != nil {
+		if err := s.cfg.AfterMigrate(ctx, s.db); err != nil {
+			return Result{Operation: cmd.Operation}, fmt.Errorf("migrate: after the migrations: %w", err)
+		}
+	}
 	v, err := migrations.Version(ctx, s.db)
 	if err != nil {
 		return Result{Operation: cmd.Operation}, err
