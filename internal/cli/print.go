@@ -67,6 +67,11 @@ func printStatus(w io.Writer, s *redrive.Status) {
 			fmt.Fprintf(tw, "  stranded (no claim reaches them)\t%d events pending over %s: run fifobox repair-heads\n",
 				o.StrandedEvents, outbox.StrandedAfter)
 		}
+		txNote := ""
+		if o.OldestTransactionPartial {
+			txNote = " (the migration owner's sessions only: it lacks pg_read_all_stats)"
+		}
+		fmt.Fprintf(tw, "  oldest open transaction (server)\t%s%s\n", age(o.OldestTransactionAge), txNote)
 		_ = tw.Flush()
 	}
 

@@ -25,6 +25,9 @@ const (
 type ConsumerConfig struct {
 	// Consumer is the consumer's name, its inbox key. Required.
 	Consumer string
+	// Inbox is the table the consumer dedupes through; the zero Table is
+	// fifobox's inbox (FIFOBOX_INBOX_TABLE, TableFromEnv).
+	Inbox Table
 	// Order: OrderStrict (default) holds a group behind a dead-lettered
 	// event until redrive or release; OrderRelaxed lets it continue.
 	Order Order
@@ -94,10 +97,11 @@ type EngineConfig struct {
 // keeping them alive through Keeper) until the database answers, so an
 // outage of any length spends no retry budget and dead-letters nothing.
 type Engine struct {
-	db    DB
-	apply Apply
-	cfg   EngineConfig
-	log   *slog.Logger
+	db      DB
+	apply   Apply
+	cfg     EngineConfig
+	log     *slog.Logger
+	claimer *claimer
 }
 
 func (c *EngineConfig) setDefaults() {
@@ -162,7 +166,11 @@ func NewEngine(db DB, apply Apply, cfg EngineConfig) (*Engine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("new inbox engine: %w", err)
 	}
-	return &Engine{db: db, apply: apply, cfg: cfg, log: cfg.Logger}, nil
+	c, err := cfg.Inbox.compile()
+	if err != nil {
+		return nil, fmt.Errorf("new inbox engine: Inbox: %w", err)
+	}
+	return &Engine{db: db, apply: apply, cfg: cfg, log: cfg.Logger, claimer: c}, nil
 }
 
 // Config is the engine's configuration with defaults applied.

@@ -90,6 +90,7 @@ func (e *Engine) run(ctx context.Context, batch []*Record, deadline bool, pre ma
 		return unfinishedDecisions(batch, ClassDeadline), nil
 	}
 	var b batchTx
+	b.claimer = e.claimer
 	defer b.rollback(ctx)
 	strict := e.cfg.Order == OrderStrict
 	var groups []string
@@ -364,7 +365,8 @@ func (e *Engine) readState(ctx context.Context, b *batchTx, batch []*Record, gro
 		pb.Queue(q, e.cfg.Consumer, groups)
 	}
 	if claim != nil {
-		pb.Queue(sqlClaim, e.cfg.Consumer, claim.env.ID, claim.env.AggregateType, claim.env.AggregateID, claim.env.Sequence)
+		q := e.claimer.query(e.cfg.Consumer, claim.env)
+		pb.Queue(q.SQL, q.Arguments...)
 	}
 	if pb.Len() == 0 {
 		return st, false, nil

@@ -42,6 +42,16 @@ type Backlog struct {
 	// published until RebuildHeads (`fifobox repair-heads`) derives their
 	// heads.
 	StrandedEvents int64
+	// OldestTransactionAge is how long the oldest transaction holding back
+	// vacuum has been open on the server, in any database of the cluster
+	// (fifobox_oldest_transaction, migrations/00035): while it lasts, the
+	// dead row versions every event leaves are kept, and claims slow down.
+	// 0 if none.
+	OldestTransactionAge time.Duration
+	// OldestTransactionPartial says OldestTransactionAge covers only the
+	// sessions of the migration owner's role: the owner of
+	// fifobox_oldest_transaction lacks pg_read_all_stats.
+	OldestTransactionPartial bool
 }
 
 // StrandedAfter is how long an unreachable pending event waits before it
@@ -60,6 +70,13 @@ func Stats(ctx context.Context, db DB) (Backlog, error) {
 	}
 	b.OldestPendingAge = seconds(age)
 	b.OldestDueAge = seconds(dueAge)
+	var txAge float64
+	var seesAll bool
+	if err := db.QueryRow(ctx, sqlOldestTransaction).Scan(&txAge, &seesAll); err != nil {
+		return Backlog{}, fmt.Errorf("outbox stats: oldest transaction: %w", err)
+	}
+	b.OldestTransactionAge = seconds(&txAge)
+	b.OldestTransactionPartial = !seesAll
 	return b, nil
 }
 

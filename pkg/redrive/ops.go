@@ -77,6 +77,12 @@ type OutboxStatus struct {
 	// StrandedEvents: events pending longer than outbox.StrandedAfter that
 	// no claim can reach (written around the enqueue path): repair-heads.
 	StrandedEvents int64 `json:"stranded_events"`
+	// OldestTransactionAge is how long the server's oldest transaction
+	// holding back vacuum has been open (any database of the cluster);
+	// OldestTransactionPartial: only the migration owner's sessions were
+	// visible (see outbox.Backlog).
+	OldestTransactionAge     Duration `json:"oldest_transaction_age_seconds"`
+	OldestTransactionPartial bool     `json:"oldest_transaction_partial,omitempty"`
 }
 
 // QueuesStatus is each consumer's queue figures.
@@ -138,6 +144,11 @@ func (s *Service) migrate(ctx context.Context, cmd Command) (Result, error) {
 	if err != nil {
 		return Result{Operation: cmd.Operation}, err
 	}
+	if s.cfg.AfterMigrate != nil {
+		if err := s.cfg.AfterMigrate(ctx, s.db); err != nil {
+			return Result{Operation: cmd.Operation}, fmt.Errorf("migrate: after the migrations: %w", err)
+		}
+	}
 	v, err := migrations.Version(ctx, s.db)
 	if err != nil {
 		return Result{Operation: cmd.Operation}, err
@@ -197,7 +208,7 @@ func (s *Service) outboxStatus(ctx context.Context, o *OutboxStatus) Section {
 	*o = OutboxStatus{Pending: b.Pending, DueEvents: b.DueEvents, InFlightAggregates: b.InFlight,
 		BackingOffEvents: b.BackingOffEvents, RetryingAggregates: b.RetryingAggregates, ParkedEvents: b.ParkedEvents,
 		ParkedAggregates: b.ParkedAggregates, Dead: b.Dead, OldestDueAge: Duration(b.OldestDueAge), OldestPendingAge: Duration(b.OldestPendingAge),
-		StrandedEvents: b.StrandedEvents}
+		StrandedEvents: b.StrandedEvents, OldestTransactionAge: Duration(b.OldestTransactionAge), OldestTransactionPartial: b.OldestTransactionPartial}
 	return Section{State: StateOK}
 }
 

@@ -42,6 +42,9 @@ type HandlerConfig struct {
 	DLQURL string
 	// Order: inbox.OrderStrict (default) or inbox.OrderRelaxed; see inbox.Order.
 	Order inbox.Order
+	// Inbox is the table the consumer dedupes through (default fifobox's
+	// inbox; see inbox.Table).
+	Inbox inbox.Table
 	// MaxReceiveCount is the queue's maxReceiveCount, after which SQS moves
 	// a message to the DLQ itself: a record on its last receive has its
 	// group held before the attempt starts (strict order) and is
@@ -106,7 +109,7 @@ func NewHandler(db inbox.DB, dlq DLQSender, apply inbox.Apply, cfg HandlerConfig
 	}
 	h := &Handler{dlq: dlq, cfg: cfg, batches: map[*inbox.Record]*sqsBatch{}}
 	e, err := inbox.NewEngine(db, apply, inbox.EngineConfig{
-		ConsumerConfig: inbox.ConsumerConfig{Consumer: cfg.Consumer, Order: cfg.Order, MaxBatch: 10, DeadlineMargin: cfg.DeadlineMargin,
+		ConsumerConfig: inbox.ConsumerConfig{Consumer: cfg.Consumer, Inbox: cfg.Inbox, Order: cfg.Order, MaxBatch: 10, DeadlineMargin: cfg.DeadlineMargin,
 			LogAggregateIDs: cfg.LogAggregateIDs, Logger: cfg.Logger, OnSettle: h.settled},
 		// One lane: a Lambda batch (at most 10) is one transaction, in order.
 		Lanes:      1,

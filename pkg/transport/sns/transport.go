@@ -52,7 +52,7 @@ var localEnv = envspec.Set{
 
 // OpenEnv is every variable transport.Open reads for SNS/SQS: Env and the
 // wire profile's (FIFOBOX_PROFILE).
-var OpenEnv = envspec.Join(Env, wire.Env)
+var OpenEnv = envspec.Join(Env, wire.Env, inbox.TableEnv)
 
 func init() {
 	transport.Register(transport.SNS, transport.Opener{Env: OpenEnv, Open: open})
@@ -341,6 +341,9 @@ func (t *Transport) handler(consumer, dlqURL string, db inbox.DB, apply inbox.Ap
 	}
 	hc := HandlerConfig{Consumer: consumer, DLQURL: dlqURL, Order: o, MaxReceiveCount: maxReceive, MaxRetries: t.cfg.MaxRetries,
 		DeadlineMargin: lc.DeadlineMargin, LogAggregateIDs: lc.LogAggregateIDs || t.cfg.LogAggregateIDs, Logger: log, OnSettle: onSettle}
+	if hc.Inbox, err = inbox.TableFromEnv(); err != nil {
+		return nil, err
+	}
 	if em := lc.Metrics; em != nil {
 		hc.OnBatch = func(m inbox.BatchMetrics) {
 			if err := em.InboxBatch(m); err != nil {
