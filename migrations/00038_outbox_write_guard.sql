@@ -15,9 +15,10 @@
 --     may insert only an event's own columns into outbox (not its sequence,
 --     state, attempts, lease or timestamps).
 --   * outbox.Enqueue, fifobox_enqueue and fifobox_enqueue_batch all go
---     through fifobox_enqueue_events, now SECURITY DEFINER: it validates,
---     reserves the sequences, builds the bodies and writes the wake-ups
---     with the owner's rights, and nothing else can.
+--     through fifobox_enqueue_events, which now calls fifobox_enqueue_rows,
+--     its former body as SECURITY DEFINER: it validates, reserves the
+--     sequences, builds the bodies and writes the wake-ups with the owner's
+--     rights, and nothing else can.
 --   * Any other insert that leaves aggregate_seq unset (every producer's
 --     direct INSERT, and the owner's) goes through outbox_guard_insert, a
 --     BEFORE INSERT trigger: it validates the event as Enqueue does, takes
@@ -29,8 +30,8 @@
 --     itself.
 --   * Only an insert that sets aggregate_seq itself (the table owner,
 --     e.g. a restore that keeps sequences) skips all of this. The trigger
---     records such a row in outbox_unannounced (the enqueue functions,
---     which set fifobox.writer, are not recorded): one still unsent and
+--     records such a row in outbox_unannounced (fifobox_enqueue_rows, which
+--     sets fifobox.writer, is not recorded): one still unsent and
 --     unreachable after 5 minutes counts as stranded in `fifobox status`
 --     and the OutboxStrandedEvents alarm (sqlStats in pkg/outbox/sql.go:
 --     O(recorded rows), as the outbox has no index on unsent events since
@@ -279,6 +280,41 @@ SELECT (SELECT count(*) FROM del), (SELECT max(id) FROM w),
 $prune$;
 -- +goose StatementEnd
 
+-- fifobox_enqueue_rows is fifobox_enqueue_events (00013, 00014) run with
+-- the owner's rights: the same body, copied from the catalog, as a SECURITY
+-- DEFINER function whose search_path is this schema and then pg_temp (a
+-- caller's temporary table named outbox_aggregates or outbox must not stand
+-- in for fifobox's). fifobox_enqueue_events becomes a wrapper that calls it,
+-- so every entry point (Go's Enqueue, fifobox_enqueue, fifobox_enqueue_batch)
+-- keeps its name and signature; settings later migrations put on the entry
+-- points (00052's search_path) leave this one alone.
+-- +goose StatementBegin
+DO $rows$
+DECLARE
+    f record;
+BEGIN
+    SELECT p.oid, pg_get_function_arguments(p.oid) AS args, pg_get_function_result(p.oid) AS result, p.prosrc
+    INTO f
+    FROM pg_proc p
+    WHERE p.pronamespace = current_schema()::regnamespace AND p.proname = 'fifobox_enqueue_events';
+    EXECUTE format($create$CREATE FUNCTION %I.fifobox_enqueue_rows(%s) RETURNS %s
+        LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = %I, pg_temp SET fifobox.writer = 'enqueue'
+        AS %L$create$, current_schema(), f.args, f.result, current_schema(), f.prosrc);
+    EXECUTE format($wrap$CREATE OR REPLACE FUNCTION %I.fifobox_enqueue_events(%s) RETURNS %s
+        LANGUAGE plpgsql VOLATILE AS $body$
+BEGIN
+    RETURN QUERY SELECT * FROM fifobox_enqueue_rows(ids, types, occurred, agg_types, agg_ids, tenants, correlations,
+        causations, traceparents, tracestates, schema_versions, payloads, max_message_bytes);
+END
+$body$$wrap$, current_schema(), f.args, f.result);
+    EXECUTE format('REVOKE ALL ON FUNCTION %I.fifobox_enqueue_rows(%s) FROM PUBLIC', current_schema(),
+                   pg_get_function_identity_arguments(f.oid));
+    EXECUTE format('GRANT EXECUTE ON FUNCTION %I.fifobox_enqueue_rows(%s) TO fifobox_producer', current_schema(),
+                   pg_get_function_identity_arguments(f.oid));
+END
+$rows$;
+-- +goose StatementEnd
+
 -- +goose StatementBegin
 DO $guard$
 DECLARE
@@ -290,15 +326,10 @@ BEGIN
     -- migration's CREATE OR REPLACE) is covered as well.
     FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
              WHERE p.pronamespace = current_schema()::regnamespace
-               AND p.proname IN ('outbox_guard_insert', 'outbox_prune', 'outbox_repair_heads', 'fifobox_enqueue_events',
+               AND p.proname IN ('outbox_guard_insert', 'outbox_prune', 'outbox_repair_heads',
                                  'outbox_requeue_dead', 'outbox_discard_dead') LOOP
         EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = %I, pg_temp', f, current_schema());
         EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f);
-    END LOOP;
-    -- The enqueue path names itself for the insert trigger's condition.
-    FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
-             WHERE p.pronamespace = current_schema()::regnamespace AND p.proname = 'fifobox_enqueue_events' LOOP
-        EXECUTE format('ALTER FUNCTION %s SET fifobox.writer = %L', f, 'enqueue');
     END LOOP;
     FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
              WHERE p.pronamespace = current_schema()::regnamespace
@@ -339,7 +370,7 @@ DECLARE
 BEGIN
     FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
              WHERE p.pronamespace = current_schema()::regnamespace
-               AND p.proname IN ('fifobox_enqueue_events', 'outbox_requeue_dead', 'outbox_discard_dead') LOOP
+               AND p.proname IN ('outbox_requeue_dead', 'outbox_discard_dead') LOOP
         EXECUTE format('ALTER FUNCTION %s SECURITY INVOKER RESET ALL', f);
     END LOOP;
     FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
@@ -349,6 +380,23 @@ BEGIN
     END LOOP;
 END
 $unguard$;
+-- +goose StatementEnd
+-- fifobox_enqueue_events gets its body back (later migrations' settings on
+-- it were reset by their own Down, which ran first).
+-- +goose StatementBegin
+DO $rows$
+DECLARE
+    f record;
+BEGIN
+    SELECT p.oid, pg_get_function_arguments(p.oid) AS args, pg_get_function_result(p.oid) AS result, p.prosrc
+    INTO f
+    FROM pg_proc p
+    WHERE p.pronamespace = current_schema()::regnamespace AND p.proname = 'fifobox_enqueue_rows';
+    EXECUTE format('CREATE OR REPLACE FUNCTION %I.fifobox_enqueue_events(%s) RETURNS %s LANGUAGE plpgsql VOLATILE AS %L',
+                   current_schema(), f.args, f.result, f.prosrc);
+    EXECUTE format('DROP FUNCTION %s', f.oid::regprocedure);
+END
+$rows$;
 -- +goose StatementEnd
 DROP FUNCTION outbox_prune(bigint, integer, timestamptz);
 DROP FUNCTION outbox_repair_heads();

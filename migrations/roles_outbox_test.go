@@ -132,9 +132,39 @@ func TestProducerCannotForgeSequenceOrState(t *testing.T) {
 
 	enqueue("o-1", "order.shipped")
 	enqueue("o-2", "order.paid")
+
+	// Temporary tables named like fifobox's, in the producer's own session,
+	// do not stand in for them inside the enqueue path (its search_path ends
+	// with pg_temp): a counter of its choosing is not used.
+	conn, err := producer.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		`CREATE TEMP TABLE outbox_aggregates (aggregate_type text, aggregate_id text, last_seq bigint, PRIMARY KEY (aggregate_type, aggregate_id))`,
+		`INSERT INTO pg_temp.outbox_aggregates VALUES ('order', 'o-1', 100)`,
+		`CREATE TEMP TABLE outbox (event_id uuid, event_type text, aggregate_type text, aggregate_id text, aggregate_seq bigint,
+		 tenant_id text, traceparent text, occurred_at timestamptz, body bytea)`,
+		`CREATE TEMP TABLE outbox_wakeups (aggregate_type text, aggregate_id text)`,
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		return outbox.Enqueue(ctx, tx, orderEvent("o-1", "order.refunded", `{"order_id":"o-1"}`))
+	}); err != nil {
+		t.Fatalf("enqueue beside temporary tables: %v", err)
+	}
+	var temp int
+	if err := conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_temp.outbox) + (SELECT count(*) FROM pg_temp.outbox_wakeups)`).Scan(&temp); err != nil || temp != 0 {
+		t.Fatalf("%d rows went to the temporary tables (%v)", temp, err)
+	}
+	conn.Release()
+
 	got := drainAs(ctx, t, db)
-	if len(got["o-1"]) != 3 || len(got["o-2"]) != 2 || got["o-1"][2].Type != "order.shipped" {
-		t.Fatalf("published o-1 %d events, o-2 %d; want 3 (the last order.shipped) and 2", len(got["o-1"]), len(got["o-2"]))
+	if len(got["o-1"]) != 4 || len(got["o-2"]) != 2 || got["o-1"][3].Type != "order.refunded" {
+		t.Fatalf("published o-1 %d events, o-2 %d; want 4 (the last order.refunded) and 2", len(got["o-1"]), len(got["o-2"]))
 	}
 }
 
