@@ -168,6 +168,26 @@ func (e *Engine) decide(ctx context.Context, b *batchTx, r *Record, speculated, 
 	// Strict order: behind a dead-lettered event of its group.
 	if grp != "" {
 		if head, blocked := st.holds.blocked(grp, r.key); blocked {
+			// An event applied (or discarded by an operator) before is a
+			// duplicate, not a later event: acknowledged, never sent to
+			// the DLQ behind the hold (a replay during a hold).
+			if r.decodeErr == nil {
+				claimed := firstClaimed
+				if !speculated {
+					var cerr error
+					if claimed, cerr = b.claim(ctx, e.cfg.Consumer, r.env); cerr != nil {
+						if b.broken != nil {
+							return infraError("inbox claim", cerr)
+						}
+						claimed = true // unknown: hold it, as before
+					}
+					hasSP, speculated = true, true
+				}
+				if !claimed {
+					d.action = ActionDuplicate
+					return nil
+				}
+			}
 			undoSpeculation()
 			return e.holdBehind(ctx, b, sp(), r, head, st, d)
 		}
