@@ -306,6 +306,14 @@ func (l *lane) run() {
 		}
 		l.mu.Lock()
 		n := min(len(l.queue), l.s.e.cfg.MaxBatch)
+		// A redelivered record runs alone (Engine: a crash is charged only
+		// to an event that was running alone).
+		for i, r := range l.queue[:n] {
+			if r.redelivered() {
+				n = max(i, 1)
+				break
+			}
+		}
 		batch := append([]*Record(nil), l.queue[:n]...)
 		l.queue = l.queue[n:]
 		l.mu.Unlock()

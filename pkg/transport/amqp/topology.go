@@ -489,7 +489,8 @@ func LoadTopology(nameOrPath string) (Topology, error) {
 // "fifobox.events" whose messages carry the filterable attributes as
 // headers, one queue per consumer bound with one header match per allowed
 // combination of values (the same exact-match semantics as an SNS filter
-// policy), and MaxReceiveCount-1 retries.
+// policy), and the consumer's retry budget (topology.Consumer.Retries).
+// The redelivery backstop is the quorum queue's delivery_limit.
 func FromTopology(tp topology.Topology) Topology {
 	t := Topology{
 		Exchange:   Exchange{Name: "fifobox.events", Kind: KindHeaders},
@@ -503,7 +504,7 @@ func FromTopology(tp topology.Topology) Topology {
 	}
 	for _, c := range tp.Consumers {
 		ac := Consumer{Name: c.Name, Retry: transport.RetryPolicy{
-			MaxRetries: max(c.MaxReceiveCount-1, 0), InitialDelay: transport.Duration(time.Second),
+			MaxRetries: c.Retries(), InitialDelay: transport.Duration(time.Second),
 			Multiplier: 2, MaxDelay: transport.Duration(5 * time.Minute)}}
 		for _, m := range headerCombinations(c.Filter) {
 			ac.Bindings = append(ac.Bindings, Binding{Headers: m})

@@ -571,7 +571,9 @@ func LoadTopology(nameOrPath string) (Topology, error) {
 // stream FIFOBOX, subjects "fifobox.<aggregate_type>.<event_type>", and per
 // consumer one filter per allowed combination of aggregate_type and
 // event_type values ('*' where the filter does not constrain one), with
-// MaxReceiveCount-1 retries. Subjects carry no tenant, so a filter on any
+// the consumer's retry budget (topology.Consumer.Retries) and, as the
+// server's delivery limit (max_deliver), its redelivery backstop
+// (ReceiveLimit) when that leaves room for the budget. Subjects carry no tenant, so a filter on any
 // other attribute cannot be mapped and is an error.
 func FromTopology(tp topology.Topology) (Topology, error) {
 	t := Topology{Stream: "FIFOBOX", SubjectPrefix: "fifobox", Subject: "{aggregate_type}.{event_type}"}
@@ -589,8 +591,11 @@ func FromTopology(tp topology.Topology) (Topology, error) {
 			types = []string{"*"}
 		}
 		nc := Consumer{Name: c.Name, Retry: transport.RetryPolicy{
-			MaxRetries: max(c.MaxReceiveCount-1, 0), InitialDelay: transport.Duration(time.Second),
+			MaxRetries: c.Retries(), InitialDelay: transport.Duration(time.Second),
 			Multiplier: 2, MaxDelay: transport.Duration(5 * time.Minute)}}
+		if n := c.ReceiveLimit(); n > c.Retries()+1+DefaultDeliverySlack {
+			nc.MaxDeliver = n
+		}
 		for _, a := range aggs {
 			for _, e := range types {
 				f := func(v string) string {
