@@ -91,11 +91,6 @@ func (e *Engine) run(ctx context.Context, batch []*Record, deadline bool, pre ma
 	if deadline && e.cfg.OrderedRedelivery {
 		return unfinishedDecisions(batch, ClassDeadline), nil
 	}
-	if !deadline && len(batch) == 1 {
-		if err := e.charge(ctx, batch[0]); err != nil {
-			return nil, err
-		}
-	}
 	var b batchTx
 	defer b.rollback(ctx)
 	strict := e.cfg.Order == OrderStrict
@@ -112,6 +107,13 @@ func (e *Engine) run(ctx context.Context, batch []*Record, deadline bool, pre ma
 	tctx := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, e.cfg.HandlerTimeout) }
 	if strict && !deadline {
 		if err := e.preHold(tctx, batch); err != nil {
+			return nil, err
+		}
+	}
+	// After the pre-hold: a record on its last delivery is held even if
+	// the charge cannot be written.
+	if !deadline && len(batch) == 1 {
+		if err := e.charge(ctx, batch[0]); err != nil {
 			return nil, err
 		}
 	}
