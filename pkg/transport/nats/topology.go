@@ -81,7 +81,7 @@ const DefaultDeliverySlack = 10
 //
 // Subjects, for prefix "billing":
 //
-//	billing.<subject template>               events, e.g. billing.invoice.paid
+//	billing.<subject transport.Template>               events, e.g. billing.invoice.paid
 //	billing_replay.<consumer>.<template>     redrive and replay to one consumer
 //	billing_dlq.<consumer>                   the consumer's dead letters (DLQ stream)
 //
@@ -142,8 +142,8 @@ type Topology struct {
 	// Default: delivered and reported (transport.UnroutedDeliver).
 	Unrouted Unrouted `json:"unrouted,omitzero"`
 
-	subject template
-	headers map[string]template
+	subject transport.Template
+	headers map[string]transport.Template
 	// eventFilters are the consumers' filters under the prefix, split into
 	// tokens once (the publisher checks every unrouted candidate).
 	eventFilters [][]string
@@ -227,7 +227,7 @@ func (t *Topology) DeadLetterSubjects() []string {
 // UnroutedSubject is where the alternate policy publishes m: the unrouted
 // subject prefix and m's subject after the events prefix.
 func (t *Topology) UnroutedSubject(m *outbox.Message) string {
-	return t.Unrouted.Subject + "." + t.subject.render(m, SanitizeToken)
+	return t.Unrouted.Subject + "." + t.subject.Render(m, SanitizeToken)
 }
 
 // selectedByAny reports whether some consumer's filters select subject.
@@ -291,7 +291,7 @@ func (t *Topology) Selects(c Consumer, subject string) bool {
 
 // EventSubject is the subject m is published on.
 func (t *Topology) EventSubject(m *outbox.Message) string {
-	return t.SubjectPrefix + "." + t.subject.render(m, SanitizeToken)
+	return t.SubjectPrefix + "." + t.subject.Render(m, SanitizeToken)
 }
 
 // SubjectMatches is NATS subject matching of pattern against a literal subject.
@@ -373,7 +373,7 @@ func (t *Topology) Prepare() error {
 		add("subject_prefix %q: must be dot-separated tokens of letters, digits, '_' or '-', at most 100 bytes", t.SubjectPrefix)
 	}
 	var err error
-	if t.subject, err = parseTemplate(t.Subject); err != nil {
+	if t.subject, err = transport.ParseTemplate(t.Subject); err != nil {
 		add("subject: %v", err)
 	} else if strings.ContainsAny(t.Subject, "*> \t\r\n") {
 		add("subject %q: wildcards and whitespace are not allowed", t.Subject)
@@ -381,16 +381,16 @@ func (t *Topology) Prepare() error {
 		// Render with every field set: the literal dots must leave no empty token.
 		probe := outbox.Message{EventID: "x", EventType: "x", AggregateType: "x", GroupID: "x",
 			Attributes: map[string]string{envelope.AttrTenantID: "x", envelope.AttrTraceparent: "x"}}
-		if s := t.subject.render(&probe, SanitizeToken); !validSubject(s) {
+		if s := t.subject.Render(&probe, SanitizeToken); !validSubject(s) {
 			add("subject %q: renders to %q, which has an empty token", t.Subject, s)
 		}
 	}
-	t.headers = map[string]template{}
+	t.headers = map[string]transport.Template{}
 	for _, name := range sortedKeys(t.Headers) {
 		if !headerNameRE.MatchString(name) || reservedHeader(name) {
 			add("headers[%q]: header names are 1-128 letters, digits, '_' or '-', not Nats-* or Fifobox-*", name)
 		}
-		tpl, err := parseTemplate(t.Headers[name])
+		tpl, err := transport.ParseTemplate(t.Headers[name])
 		if err != nil {
 			add("headers[%q]: %v", name, err)
 		}
