@@ -44,4 +44,3 @@ func TestTemplates(t *testing.T) {
 		}
 	}
 }
-

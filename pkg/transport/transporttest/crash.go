@@ -350,9 +350,16 @@ func testDatabaseDownAcrossInvocations(t *testing.T, h Harness) {
 }
 
 // A side effect slower than the broker's redelivery timeout: 60 events of
-// one aggregate, 150ms each, AckWait 2s (a lane's batch of 16 takes 2.4s).
-// Nothing the consumer holds, queued or running, is delivered again: no
-// duplicates, no redeliveries, order kept.
+// one aggregate, 150ms each, AckWait 2s: the reproduction (before
+// the engine kept queued records in progress: 114 duplicate deliveries,
+// highest delivery count 5). The values make every kind of waiting outlive
+// the ack wait: a lane's batch of 16 takes 2.4s, so the running batch's
+// last records and every record queued behind it (the 60 take about 9s, 4
+// ack waits) would be redelivered unless the consumer keeps them in
+// progress (NATS: InProgress every AckWait/4; SQS: the visibility timeout
+// extended). Keeping only the running record alive gives 136 duplicates
+// here. Nothing the consumer holds, queued or running, is delivered again:
+// no duplicates, no redeliveries, order kept.
 func testSlowSideEffect(t *testing.T, h Harness) {
 	w := newWorld(t, h, Options{AckWait: 2 * time.Second})
 	evs := events("hot", 1, 60)
