@@ -767,3 +767,37 @@ func (t *claimCountingTx) Commit(ctx context.Context) error {
 	}
 	return t.Tx.Commit(ctx)
 }
+
+// An event applied before, delivered again while its group is held (a
+// replay, a late copy), is a duplicate: acknowledged, not sent to the DLQ
+// behind the hold, wherever it stands in the batch.
+func TestEngineAcksADuplicateOfAHeldGroup(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	fb := &fakeBroker{}
+	f := &failing{}
+	a1, a2, a3 := ev("A", 1), ev("A", 2), ev("A", 3)
+	f.set(a2.ID, envelope.Permanent(errors.New("rejected")))
+	e := newEngine(t, db.Pool, f.apply, inbox.EngineConfig{Lanes: 1})
+	ctx := context.Background()
+	if err := e.Handle(ctx, fb, []*inbox.Record{recordOf(t, "a1", a1), recordOf(t, "a2", a2)}); err != nil {
+		t.Fatal(err)
+	}
+	if got := summary(fb.taken()); got != "ack a1; dead a2 permanent" {
+		t.Fatalf("first batch: %s", got)
+	}
+	for _, batch := range [][]*inbox.Record{
+		{recordOf(t, "a3", a3), recordOf(t, "a1-again", a1)},         // the copy second
+		{recordOf(t, "a1-again-2", a1), recordOf(t, "a3-again", a3)}, // the copy first
+	} {
+		if err := e.Handle(ctx, fb, batch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, want := summary(fb.taken()), "dead a3 held; ack a1-again; ack a1-again-2; dead a3-again held"; got != want {
+		t.Fatalf("copies of an applied event in a held group: %s, want %s", got, want)
+	}
+	if h := heldRowsOf(t, db); strings.Join(h, ",") != "A:permanent,A:held" {
+		t.Fatalf("held rows %v, want A/2 and A/3 only", h)
+	}
+}
