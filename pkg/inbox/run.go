@@ -344,10 +344,11 @@ func (e *Engine) decide(ctx context.Context, b *batchTx, r *Record, speculated, 
 // delivered again and finds its charge still there, that attempt never
 // reported: the consumer died while running this record alone, and that
 // counts as one of the event's failures. A crash is charged only to a
-// record that ran alone, never to a batch's other records (the sessions'
-// lanes run a redelivered record alone, session.go), so a crash loop, a
-// deploy or an outage spends no healthy event's budget, while an event
-// that kills the consumer each time is dead-lettered after MaxRetries.
+// record that ran alone, never to a batch's other records: a session runs
+// a redelivered record in a batch of its own while no other batch of the
+// session runs (session.go), so a crash loop, a deploy or an outage spends
+// no healthy event's budget, while an event that kills the consumer each
+// time is dead-lettered after MaxRetries.
 func (e *Engine) charge(ctx context.Context, r *Record) error {
 	if r.charged || !r.redelivered() || r.decodeErr != nil || r.group == "" {
 		return nil
