@@ -752,7 +752,7 @@ type claimCountingTx struct {
 
 func (t *claimCountingTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	for _, q := range b.QueuedQueries {
-		if strings.HasPrefix(q.SQL, "INSERT INTO inbox (") {
+		if strings.HasPrefix(q.SQL, `INSERT INTO "inbox" (`) {
 			t.claims++
 		}
 	}
