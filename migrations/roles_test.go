@@ -144,6 +144,11 @@ func TestRolesDoTheirJobAndNothingMore(t *testing.T) {
 			if _, err := outbox.RebuildHeads(ctx, pool); err != nil {
 				t.Fatalf("rebuild heads: %v", err)
 			}
+			// dlq-discard marks what it discarded handled for the consumer (00040).
+			if _, err := pool.Exec(ctx, `INSERT INTO inbox (consumer, event_id, aggregate_type, aggregate_id, sequence, outcome)
+VALUES ('c', gen_random_uuid(), 'order', 'x', 1, 'discarded')`); err != nil {
+				t.Fatalf("mark a discarded event handled: %v", err)
+			}
 			var dead int
 			if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE state = 'dead'`).Scan(&dead); err != nil || dead != 0 {
 				t.Fatalf("%d dead events after requeue (%v)", dead, err)
@@ -152,6 +157,8 @@ func TestRolesDoTheirJobAndNothingMore(t *testing.T) {
 			`SELECT fifobox_enqueue('order', 'o-x', 'order.paid', '{}')`,
 			`INSERT INTO outbox (event_id, event_type, aggregate_type, aggregate_id, aggregate_seq, occurred_at, body) VALUES (gen_random_uuid(), 't', 'order', 'x', 1, now(), '\x7b7d')`,
 			`INSERT INTO inbox (consumer, event_id, aggregate_type, aggregate_id, sequence) VALUES ('c', gen_random_uuid(), 'order', 'x', 1)`,
+			`INSERT INTO inbox (consumer, event_id, aggregate_type, aggregate_id, sequence, outcome) VALUES ('c', gen_random_uuid(), 'order', 'x', 1, 'applied')`,
+			`UPDATE inbox SET outcome = 'applied'`,
 			`UPDATE orders_read_model SET status = 'x'`,
 			`DELETE FROM redrive_audit`,
 			`UPDATE outbox_aggregates SET last_seq = 0`,

@@ -95,7 +95,13 @@ type EngineConfig struct {
 // that cannot be reached, a failed commit or a lost broker connection is
 // not. The engine retries such a batch in place, holding its records (and
 // keeping them alive through Keeper) until the database answers, so an
-// outage of any length spends no retry budget and dead-letters nothing.
+// outage of any length spends no retry budget and dead-letters nothing. A
+// consumer that died is an event's failure only if that event ran alone
+// (a redelivered record runs alone, after a committed charge: run.go).
+//
+// MaxRetries is the event's own budget; the broker's delivery limit
+// (SQS maxReceiveCount, JetStream max_deliver, a quorum queue's
+// delivery-limit) is a backstop far above it (topology.Consumer).
 type Engine struct {
 	db      DB
 	apply   Apply

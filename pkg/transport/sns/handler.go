@@ -17,6 +17,7 @@ import (
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/fifobox/fifobox/pkg/inbox"
+	"github.com/fifobox/fifobox/pkg/topology"
 )
 
 // DLQSender sends a message to the dead-letter queue; *sqs.Client satisfies it.
@@ -54,10 +55,11 @@ type HandlerConfig struct {
 	// MaxRetries is how many times an event's side effect may fail before
 	// the handler dead-letters it. Failures are counted per event in the
 	// database (inbox_parked), not by SQS's receive count, which also counts
-	// receives that failed for want of the database. Default
-	// MaxReceiveCount-1 (unlimited when that is unknown); keep
-	// MaxReceiveCount well above it so that a database outage cannot run a
-	// record into SQS's own dead-lettering.
+	// receives that failed for want of the database or ended in a crash.
+	// Default topology.DefaultMaxRetries (at most MaxReceiveCount-1); keep
+	// MaxReceiveCount well above it (topology.DefaultMaxReceiveCount) so
+	// that a database outage or a crash loop cannot run a record into SQS's
+	// own dead-lettering.
 	MaxRetries int
 	// DeadlineMargin: the handler starts no record once the context's
 	// deadline is this close, and reports those records as failed (with no
@@ -102,10 +104,7 @@ func NewHandler(db inbox.DB, dlq DLQSender, apply inbox.Apply, cfg HandlerConfig
 		return nil, errors.New("new inbox handler: MaxReceiveCount and MaxRetries must not be negative")
 	}
 	if cfg.MaxRetries == 0 {
-		cfg.MaxRetries = cfg.MaxReceiveCount - 1
-		if cfg.MaxReceiveCount == 0 {
-			cfg.MaxRetries = 1 << 20 // SQS's redrive policy decides
-		}
+		cfg.MaxRetries = topology.Consumer{MaxReceiveCount: cfg.MaxReceiveCount}.Retries()
 	}
 	h := &Handler{dlq: dlq, cfg: cfg, batches: map[*inbox.Record]*sqsBatch{}}
 	e, err := inbox.NewEngine(db, apply, inbox.EngineConfig{
