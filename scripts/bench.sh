@@ -37,7 +37,7 @@ settle() {
     echo "bench: CHECKPOINT or VACUUM refused; figures may carry earlier sections' checkpoint writes or catalog bloat" >&2
 }
 settle
-echo "==> outbox dispatcher vs the raw SQL limit (PostgreSQL, in-process publisher), QueryExecModeExec (as through RDS Proxy)"
+echo "==> outbox dispatcher vs the raw SQL limit (PostgreSQL, in-process publisher), QueryExecModeExec (as through RDS Proxy); PostgreSQL CPU and outbox bytes per event"
 go test -count=1 -run '^$' -bench 'BenchmarkDispatch$' -benchtime 100000x -timeout 30m ./pkg/outbox/ | quiet
 
 settle
@@ -45,7 +45,7 @@ echo "==> the same with cached prepared statements (pgx default; a direct connec
 FIFOBOX_TEST_QUERY_MODE=cache go test -count=1 -run '^$' -bench 'BenchmarkDispatch$' -benchtime 100000x -timeout 30m ./pkg/outbox/ | quiet
 
 settle
-echo "==> the dispatcher under skew: hot, deep, parked and zipf-spread aggregates beside uniform (in-process publisher)"
+echo "==> the dispatcher under skew: hot, deep, parked and zipf-spread aggregates beside uniform (in-process publisher); PostgreSQL CPU and outbox bytes per event per shape"
 go test -count=1 -run '^$' -bench 'BenchmarkDispatchSkew' -benchtime 1x -timeout 60m ./pkg/outbox/ | quiet
 
 settle
