@@ -20,6 +20,7 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -61,6 +62,41 @@ type Config struct {
 	// MaxConns bounds the pool (FIFOBOX_DB_MAX_CONNS). Default 4: a Lambda
 	// instance handles one invocation at a time.
 	MaxConns int32
+	// Schema holds fifobox's tables and functions (FIFOBOX_SCHEMA). Empty:
+	// the search_path URL's options already set, else DefaultSchema. See
+	// SearchPath.
+	Schema string
+}
+
+// DefaultSchema is where fifobox's tables live unless FIFOBOX_SCHEMA (or the
+// URL's search_path) says otherwise: its own schema, so a user's table named
+// outbox or inbox is never shadowed by fifobox's.
+const DefaultSchema = "fifobox"
+
+// SearchPath is the search_path every fifobox connection starts with:
+// fifobox's schema first, then the user's usual ones, because consumers run
+// the user's side effects in the same transaction as their inbox row. It is
+// a startup parameter, not a SET, so RDS Proxy does not pin the session.
+func SearchPath(schema string) string {
+	return pgx.Identifier{schema}.Sanitize() + `, "$user", public`
+}
+
+// ValidSchema reports whether name is a plain, unquoted-safe identifier
+// (lower-case letters, digits, underscores; not starting with a digit; at
+// most 63 bytes): the names a DBA would type without quotes.
+func ValidSchema(name string) bool {
+	if name == "" || len(name) > 63 || strings.HasPrefix(name, "pg_") {
+		return false
+	}
+	for i, r := range name {
+		switch {
+		case r >= 'a' && r <= 'z', r == '_':
+		case r >= '0' && r <= '9' && i > 0:
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // Env is every variable FromEnv reads (declare a new one here; the Lambda
@@ -75,6 +111,7 @@ var Env = envspec.Set{
 	{Name: "FIFOBOX_DB_SECRET_ARN", Doc: "Secrets Manager secret (username, password) to log in with instead of IAM: the migration function's owner credentials"},
 	{Name: "FIFOBOX_DB_CA_BUNDLE", Doc: "PEM file of extra trusted roots"},
 	{Name: "FIFOBOX_DB_MAX_CONNS", Doc: "pool size (default 4)"},
+	{Name: "FIFOBOX_SCHEMA", Doc: "schema of fifobox's tables (default: the URL's search_path, else fifobox)"},
 	{Name: "AWS_REGION", Reserved: true, Doc: "region for IAM auth tokens (set by Lambda)"},
 }
 
@@ -83,7 +120,7 @@ func FromEnv() (Config, error) {
 	c := Config{
 		URL: Env.Get("FIFOBOX_DATABASE_URL"), Host: Env.Get("FIFOBOX_DB_HOST"), Name: Env.Get("FIFOBOX_DB_NAME"),
 		User: Env.Get("FIFOBOX_DB_USER"), Region: Env.Get("AWS_REGION"), CABundle: Env.Get("FIFOBOX_DB_CA_BUNDLE"),
-		SecretARN: Env.Get("FIFOBOX_DB_SECRET_ARN"),
+		SecretARN: Env.Get("FIFOBOX_DB_SECRET_ARN"), Schema: Env.Get("FIFOBOX_SCHEMA"),
 	}
 	var err error
 	if c.Port, err = intEnv("FIFOBOX_DB_PORT", 5432); err != nil {
@@ -116,6 +153,9 @@ func intEnv(name string, def int) (int, error) {
 
 // Validate names the first missing or invalid setting by its variable.
 func (c Config) Validate() error {
+	if c.Schema != "" && !ValidSchema(c.Schema) {
+		return fmt.Errorf("FIFOBOX_SCHEMA=%q: want a lower-case identifier (letters, digits, _; not pg_*)", c.Schema)
+	}
 	if c.URL != "" {
 		if _, err := pgxpool.ParseConfig(c.URL); err != nil {
 			return fmt.Errorf("FIFOBOX_DATABASE_URL: %w", redact.Error(err, c.URL))
@@ -246,6 +286,13 @@ func finishPoolConfig(pc *pgxpool.Config, c Config) *pgxpool.Config {
 	}
 	pc.MaxConnIdleTime = 5 * time.Minute
 	pc.ConnConfig.ConnectTimeout = ConnectTimeout
+	// FIFOBOX_SCHEMA wins; a search_path the URL sets (tests, users who
+	// pinned one) is kept as it is; otherwise fifobox's own schema.
+	if c.Schema != "" {
+		pc.ConnConfig.RuntimeParams["search_path"] = SearchPath(c.Schema)
+	} else if pc.ConnConfig.RuntimeParams["search_path"] == "" {
+		pc.ConnConfig.RuntimeParams["search_path"] = SearchPath(DefaultSchema)
+	}
 	return pc
 }
 

@@ -30,9 +30,11 @@ func TestFromEnvValidationNamesTheVariable(t *testing.T) {
 		{map[string]string{"FIFOBOX_DATABASE_URL": "postgres://u:secret@h:notaport/db"}, "FIFOBOX_DATABASE_URL"},
 		{map[string]string{"FIFOBOX_DB_HOST": "cluster", "FIFOBOX_DB_NAME": "app", "FIFOBOX_DB_SECRET_ARN": "arn:s", "FIFOBOX_DB_IAM_AUTH": "true", "AWS_REGION": "eu-west-1"}, "FIFOBOX_DB_SECRET_ARN"},
 		{map[string]string{"FIFOBOX_DB_HOST": "cluster", "FIFOBOX_DB_NAME": "app", "FIFOBOX_DB_SECRET_ARN": "arn:s"}, "AWS_REGION"},
+		{map[string]string{"FIFOBOX_DATABASE_URL": "postgres://h/db", "FIFOBOX_SCHEMA": "Fifo Box"}, "FIFOBOX_SCHEMA"},
+		{map[string]string{"FIFOBOX_DATABASE_URL": "postgres://h/db", "FIFOBOX_SCHEMA": "pg_catalog"}, "FIFOBOX_SCHEMA"},
 	}
 	for _, tc := range cases {
-		for _, k := range []string{"FIFOBOX_DATABASE_URL", "FIFOBOX_DB_HOST", "FIFOBOX_DB_NAME", "FIFOBOX_DB_USER", "FIFOBOX_DB_PORT", "FIFOBOX_DB_IAM_AUTH", "AWS_REGION", "FIFOBOX_DB_MAX_CONNS", "FIFOBOX_DB_SECRET_ARN"} {
+		for _, k := range []string{"FIFOBOX_DATABASE_URL", "FIFOBOX_DB_HOST", "FIFOBOX_DB_NAME", "FIFOBOX_DB_USER", "FIFOBOX_DB_PORT", "FIFOBOX_DB_IAM_AUTH", "AWS_REGION", "FIFOBOX_DB_MAX_CONNS", "FIFOBOX_DB_SECRET_ARN", "FIFOBOX_SCHEMA"} {
 			t.Setenv(k, tc.env[k])
 		}
 		_, err := db.FromEnv()
@@ -136,6 +138,42 @@ func TestPlainURL(t *testing.T) {
 		t.Fatal(err)
 	}
 	pool.Close()
+}
+
+// Every pool starts with fifobox's schema first in search_path (a startup
+// parameter, so no SET pins an RDS Proxy session): FIFOBOX_SCHEMA, else the
+// URL's own search_path, else the fifobox schema; the user's schemas follow.
+func TestSearchPath(t *testing.T) {
+	const base = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	cases := []struct {
+		url, schema, want string
+	}{
+		{base, "", `"fifobox", "$user", public`},
+		{base, "events", `"events", "$user", public`},
+		{base + "&search_path=t_1", "", "t_1"},
+		{base + "&search_path=t_1", "events", `"events", "$user", public`},
+	}
+	for _, tc := range cases {
+		pc, err := db.PoolConfig(db.Config{URL: tc.url, Schema: tc.schema}, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := pc.ConnConfig.RuntimeParams["search_path"]; got != tc.want {
+			t.Errorf("url %s schema %q: search_path %q, want %q", tc.url, tc.schema, got, tc.want)
+		}
+	}
+	pool, err := db.Open(context.Background(), db.Config{URL: base, Schema: "events"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var path string
+	if err := pool.QueryRow(context.Background(), "SHOW search_path").Scan(&path); err != nil {
+		t.Fatal(err)
+	}
+	if path != `"events", "$user", public` {
+		t.Errorf("server search_path %q", path)
+	}
 }
 
 // The built-in RDS CA bundle parses and holds the current roots (a cluster's
