@@ -18,8 +18,11 @@ import (
 //go:embed *.sql
 var files embed.FS
 
-// Up applies every pending migration to the database (and schema, via the
-// pool's search_path) behind pool. It is idempotent and safe to call from
+// Up applies every pending migration to the database behind pool, in the
+// schema first in the pool's search_path (pkg/db: FIFOBOX_SCHEMA, default
+// fifobox), creating it if missing. An install from before fifobox had its
+// own schema (in a schema later in the search_path, e.g. public) is moved
+// there first, in one transaction. It is idempotent and safe to call from
 // several processes at once: a session advisory lock, keyed by the target
 // schema, serialises concurrent callers.
 func Up(ctx context.Context, pool *pgxpool.Pool) error {
@@ -39,9 +42,9 @@ func UpTo(ctx context.Context, pool *pgxpool.Pool, version int64) error {
 }
 
 func upTo(ctx context.Context, pool *pgxpool.Pool, version int64) ([]string, error) {
-	var schema string
-	if err := pool.QueryRow(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
-		return nil, fmt.Errorf("migrate: read current schema: %w", err)
+	schema, err := prepareSchema(ctx, pool)
+	if err != nil {
+		return nil, err
 	}
 	h := fnv.New64a()
 	h.Write([]byte("fifobox-migrate:" + schema))
