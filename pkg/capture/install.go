@@ -79,6 +79,18 @@ func Install(ctx context.Context, db Beginner, p *wire.Profile, cfg InstallConfi
 		if !ok {
 			return fmt.Errorf("capture: schema %q has no fifobox installation at the current version (run fifobox migrate there first)", schema)
 		}
+		// fifobox's connections put its schema first in search_path: an
+		// unqualified source table named like one of fifobox's (seeds/004's
+		// outbox) would resolve to fifobox's own table.
+		var own bool
+		if err := tx.QueryRow(ctx, `SELECT coalesce((SELECT relnamespace = $2::regnamespace FROM pg_class WHERE oid = to_regclass($1)), false)`,
+			p.Source.Table, pgx.Identifier{schema}.Sanitize()).Scan(&own); err != nil {
+			return fmt.Errorf("capture: look up source.table: %w", err)
+		}
+		if own {
+			return fmt.Errorf("%w: profile %s: source.table: %q is fifobox's own table in schema %s: name the producers' table with its schema (e.g. public.%s)",
+				ErrSource, p.Name, p.Source.Table, schema, p.Source.Table)
+		}
 		t, err := Check(ctx, tx, p)
 		if err != nil {
 			return err
