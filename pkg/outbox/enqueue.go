@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,6 +19,13 @@ type Writer struct {
 	// Default and upper bound envelope.DefaultMaxMessageBytes (256 KiB, the
 	// SNS limit): a larger event could never be published.
 	MaxMessageBytes int
+	// Schema is the schema fifobox is installed in (FIFOBOX_SCHEMA, by
+	// default fifobox): set, Enqueue calls Schema.fifobox_enqueue_events, so
+	// the producer's search_path need not name fifobox's schema. Empty, the
+	// function is found through the transaction's search_path (a producer
+	// whose role's path ends with fifobox's schema, or tests whose path is
+	// a schema of their own).
+	Schema string
 }
 
 // Enqueue writes events to the outbox inside the caller's transaction, with
@@ -79,7 +87,11 @@ func (w Writer) Enqueue(ctx context.Context, tx pgx.Tx, events ...envelope.Envel
 	// Validated here for typed errors without a round trip; validated again,
 	// numbered, encoded and inserted by fifobox_enqueue_events (sqlEnqueue),
 	// the only way the producer role reaches the outbox's counters.
-	if _, err := tx.Exec(ctx, sqlEnqueue, ids, types, occurred, aggTypes, aggIDs, tenants, correlations, causations,
+	query := sqlEnqueue
+	if w.Schema != "" {
+		query = strings.Replace(sqlEnqueue, "fifobox_enqueue_events(", pgx.Identifier{w.Schema}.Sanitize()+".fifobox_enqueue_events(", 1)
+	}
+	if _, err := tx.Exec(ctx, query, ids, types, occurred, aggTypes, aggIDs, tenants, correlations, causations,
 		traceparents, tracestates, versions, payloads, limit); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "outbox_event_id_key" {
