@@ -79,7 +79,7 @@ type options struct {
 // shipping, audit) as its runners, applying the read model through the inbox.
 func run(ctx context.Context, o options, log *slog.Logger) error {
 	// pkg/db is what the Lambdas use: the same query mode as through RDS Proxy.
-	pool, err := db.Open(ctx, db.Config{URL: o.dbURL, MaxConns: 16}, nil)
+	pool, err := db.Open(ctx, db.Config{URL: o.dbURL, MaxConns: 16, Schema: db.Env.Get("FIFOBOX_SCHEMA")}, nil)
 	if err != nil {
 		return fmt.Errorf("connect to PostgreSQL: %w", err)
 	}

@@ -255,7 +255,7 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	if a.pool != nil {
 		return a.pool, nil
 	}
-	cfg := db.Config{URL: a.databaseURL, MaxConns: 4}
+	cfg := db.Config{URL: a.databaseURL, MaxConns: 4, Schema: db.Env.Get("FIFOBOX_SCHEMA")}
 	fromFlag := true
 	if os.Getenv("FIFOBOX_DATABASE_URL") == "" && os.Getenv("FIFOBOX_DB_HOST") != "" && a.databaseURL == DefaultDatabaseURL {
 		// RDS Proxy settings in the environment (a task or bastion set up
