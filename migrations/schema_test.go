@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
@@ -14,9 +15,11 @@ import (
 
 	"github.com/fifobox/fifobox/internal/pgtest"
 	"github.com/fifobox/fifobox/migrations"
+	"github.com/fifobox/fifobox/pkg/capture"
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/outbox/outboxtest"
+	"github.com/fifobox/fifobox/pkg/wire"
 )
 
 // poolWithPath connects with the given search_path (a startup parameter,
@@ -83,6 +86,23 @@ func TestUpMovesAnEarlierInstallIntoItsSchema(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+	}
+	// seeds/004's producers, captured into the old install: their trigger
+	// functions are pinned to the old schema by name.
+	app := pgtest.NewEmpty(t)
+	wireTest, err := os.ReadFile("../examples/seeds/transfers/wire_test.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := app.Pool.Exec(ctx, string(wireTest)); err != nil {
+		t.Fatal(err)
+	}
+	prof, err := wire.Load("transfers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := capture.Install(ctx, app.Pool, prof, capture.InstallConfig{Schema: old.Schema}); err != nil {
+		t.Fatal(err)
 	}
 	upgraded := false
 	rec := &outboxtest.Recorder{Fail: func(m outbox.Message) error {
@@ -165,6 +185,11 @@ func TestUpMovesAnEarlierInstallIntoItsSchema(t *testing.T) {
 	if err != nil {
 		t.Fatalf("enqueue after the move: %v", err)
 	}
+	// The capture trigger enqueues into the moved outbox.
+	if _, err := app.Pool.Exec(ctx, string(wireTest)); err != nil {
+		t.Fatalf("a captured insert after the move: %v", err)
+	}
+	const total = aggregates*per + 2
 	if n, err := outbox.RequeueDead(ctx, pool, outbox.DeadSelection{AggregateType: "order"}); err != nil || n != 1 {
 		t.Fatalf("requeue the dead event: %d, %v", n, err)
 	}
@@ -175,11 +200,11 @@ func TestUpMovesAnEarlierInstallIntoItsSchema(t *testing.T) {
 	deadline := time.Now().Add(time.Minute)
 	for {
 		s, _, _ := states(t, pool)
-		if s == aggregates*per+1 {
+		if s == total {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("not drained: %d of %d sent", s, aggregates*per+1)
+			t.Fatalf("not drained: %d of %d sent", s, total)
 		}
 		if res, err := d.RunOnce(ctx); err != nil {
 			t.Fatal(err)
@@ -194,8 +219,18 @@ func TestUpMovesAnEarlierInstallIntoItsSchema(t *testing.T) {
 		}
 		next[a.AggregateID] = a.Sequence
 	}
-	if len(rec.Acks()) != aggregates*per+1 {
-		t.Fatalf("%d events published, want %d", len(rec.Acks()), aggregates*per+1)
+	if len(rec.Acks()) != total {
+		t.Fatalf("%d events published, want %d", len(rec.Acks()), total)
+	}
+	// The capture's status trigger (on the moved outbox_heads) marks the
+	// producers' row.
+	var rowStates []string
+	rows, err = app.Pool.Query(ctx, `SELECT state FROM outbox ORDER BY createdAt`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rowStates, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil || len(rowStates) != 2 || rowStates[1] != "SENT" {
+		t.Fatalf("the producers' rows: %v, %v; want the captured one SENT", rowStates, err)
 	}
 }
 
