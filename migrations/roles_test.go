@@ -143,6 +143,11 @@ func TestRolesDoTheirJobAndNothingMore(t *testing.T) {
 			if _, err := outbox.RebuildHeads(ctx, pool); err != nil {
 				t.Fatalf("rebuild heads: %v", err)
 			}
+			// dlq-discard marks what it discarded handled for the consumer (00040).
+			if _, err := pool.Exec(ctx, `INSERT INTO inbox (consumer, event_id, aggregate_type, aggregate_id, sequence, outcome)
+VALUES ('c', gen_random_uuid(), 'order', 'x', 1, 'discarded')`); err != nil {
+				t.Fatalf("mark a discarded event handled: %v", err)
+			}
 			var dead int
 			if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE state = 'dead'`).Scan(&dead); err != nil || dead != 0 {
 				t.Fatalf("%d dead events after requeue (%v)", dead, err)
@@ -151,6 +156,8 @@ func TestRolesDoTheirJobAndNothingMore(t *testing.T) {
 			`SELECT fifobox_enqueue('order', 'o-x', 'order.paid', '{}')`,
 			`INSERT INTO outbox (event_id, event_type, aggregate_type, aggregate_id, aggregate_seq, occurred_at, body) VALUES (gen_random_uuid(), 't', 'order', 'x', 1, now(), '\x7b7d')`,
 			`INSERT INTO inbox (consumer, event_id, aggregate_type, aggregate_id, sequence) VALUES ('c', gen_random_uuid(), 'order', 'x', 1)`,
+			`INSERT INTO inbox (consumer, event_id, aggregate_type, aggregate_id, sequence, outcome) VALUES ('c', gen_random_uuid(), 'order', 'x', 1, 'applied')`,
+			`UPDATE inbox SET outcome = 'applied'`,
 			`UPDATE orders_read_model SET status = 'x'`,
 			`DELETE FROM redrive_audit`,
 			`UPDATE outbox_aggregates SET last_seq = 0`,
@@ -234,4 +241,55 @@ func loginAs(ctx context.Context, t *testing.T, db *pgtest.DB, role string) *pgx
 		_, _ = db.Pool.Exec(context.Background(), fmt.Sprintf(`DROP ROLE IF EXISTS %s`, pgx.Identifier{user}.Sanitize()))
 	})
 	return pool
+}
+
+// The dispatcher reports the server's oldest open transaction, whoever's it
+// is (migration 00035's SECURITY DEFINER function), without the right to
+// read other sessions in pg_stat_activity (no pg_read_all_stats: it would
+// also show every session's query text); producers and consumers cannot
+// call the function.
+func TestOldestTransactionLeastPrivilege(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	holder, err := db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release()
+	tx, err := holder.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // the test's held transaction
+	var pid int32
+	if err := tx.QueryRow(ctx, "SELECT pg_backend_pid() FROM (SELECT txid_current()) x").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1200 * time.Millisecond)
+	for _, role := range []string{"fifobox_dispatcher", "fifobox_operations"} {
+		pool := loginAs(ctx, t, db, role)
+		st, err := outbox.Stats(ctx, pool)
+		if err != nil {
+			t.Fatalf("%s: stats: %v", role, err)
+		}
+		if st.OldestTransactionAge < 1200*time.Millisecond {
+			t.Fatalf("%s: oldest transaction %s; want at least the owner's 1.2 s one", role, st.OldestTransactionAge)
+		}
+		var start *time.Time
+		if err := pool.QueryRow(ctx, "SELECT xact_start FROM pg_stat_activity WHERE pid = $1", pid).Scan(&start); err != nil {
+			t.Fatalf("%s: %v", role, err)
+		}
+		if start != nil {
+			t.Fatalf("%s reads another role's sessions in pg_stat_activity: it should not need pg_read_all_stats", role)
+		}
+	}
+	for _, role := range []string{"fifobox_producer", "fifobox_consumer"} {
+		pool := loginAs(ctx, t, db, role)
+		_, err := pool.Exec(ctx, "SELECT * FROM fifobox_oldest_transaction()")
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+			t.Errorf("%s called fifobox_oldest_transaction: %v, want insufficient_privilege", role, err)
+		}
+	}
 }

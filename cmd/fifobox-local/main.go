@@ -87,6 +87,10 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 	if err := migrations.Up(ctx, pool); err != nil {
 		return err
 	}
+	// The demo's own table (the orders-projection consumer's read model).
+	if err := readmodel.Setup(ctx, pool); err != nil {
+		return err
+	}
 	t, err := transport.Open(ctx, transport.Options{Logger: log, Local: true})
 	if err != nil {
 		return err

@@ -25,9 +25,11 @@ import (
 	"log/slog"
 
 	"github.com/aws/aws-lambda-go/lambda"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fifobox/fifobox/pkg/lambdafn"
 	handler "github.com/fifobox/fifobox/pkg/lambdafn/redrive"
+	"github.com/fifobox/fifobox/pkg/readmodel"
 	"github.com/fifobox/fifobox/pkg/redrive"
 	"github.com/fifobox/fifobox/pkg/transport"
 )
@@ -54,7 +56,11 @@ func setup(ctx context.Context, log *slog.Logger) (*handler.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	rc := redrive.Config{Logger: log, Transport: string(t.Kind())}
+	// The consumer functions deployed beside this one run the example side
+	// effects (readmodel.ForConsumer): their table is the deployment's, not
+	// a fifobox migration's.
+	rc := redrive.Config{Logger: log, Transport: string(t.Kind()),
+		AfterMigrate: func(ctx context.Context, pool *pgxpool.Pool) error { return readmodel.Setup(ctx, pool) }}
 	if rc.Operations, err = t.Operations(); err != nil {
 		return nil, err
 	}

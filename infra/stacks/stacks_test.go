@@ -15,6 +15,7 @@ import (
 	"regexp"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -326,8 +327,8 @@ func TestConsumerQueuesDLQsAndRedrive(t *testing.T) {
 					t.Errorf("%s: FifoQueue = %v", r.Props["QueueName"], r.Props["FifoQueue"])
 				}
 			}
-			if got := num(dig(q.Props, "RedrivePolicy", "maxReceiveCount")); got != float64(c.MaxReceiveCount) {
-				t.Errorf("maxReceiveCount = %v, want %d", got, c.MaxReceiveCount)
+			if got := num(dig(q.Props, "RedrivePolicy", "maxReceiveCount")); got != float64(c.ReceiveLimit()) {
+				t.Errorf("maxReceiveCount = %v, want %d", got, c.ReceiveLimit())
 			}
 			if got := refID(dig(q.Props, "RedrivePolicy", "deadLetterTargetArn")); got != dlq.ID {
 				t.Errorf("deadLetterTargetArn -> %s, want %s", got, dlq.ID)
@@ -484,6 +485,13 @@ func TestFunctions(t *testing.T) {
 		env := dig(fns["consumer:"+c.Name].Props, "Environment", "Variables").(map[string]any)
 		if refID(env["FIFOBOX_DLQ_URL"]) != queueByName(t, tpl, c.DLQName()).ID {
 			t.Errorf("%s: FIFOBOX_DLQ_URL = %v", c.Name, env["FIFOBOX_DLQ_URL"])
+		}
+		// The handler's retry budget stays far below the redrive policy's
+		// backstop, both from the topology.
+		if env["FIFOBOX_MAX_RETRIES"] != strconv.Itoa(c.Retries()) || env["FIFOBOX_MAX_RECEIVE_COUNT"] != strconv.Itoa(c.ReceiveLimit()) ||
+			c.Retries() != topology.DefaultMaxRetries || c.ReceiveLimit() != topology.DefaultMaxReceiveCount {
+			t.Errorf("%s: FIFOBOX_MAX_RETRIES = %v, FIFOBOX_MAX_RECEIVE_COUNT = %v; want %d and %d", c.Name,
+				env["FIFOBOX_MAX_RETRIES"], env["FIFOBOX_MAX_RECEIVE_COUNT"], topology.DefaultMaxRetries, topology.DefaultMaxReceiveCount)
 		}
 	}
 	r := dig(fns["redrive"].Props, "Environment", "Variables").(map[string]any)

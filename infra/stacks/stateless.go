@@ -190,7 +190,7 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 				Fifo:                      jsii.Bool(true),
 				ContentBasedDeduplication: jsii.Bool(false),
 				VisibilityTimeout:         awscdk.Duration_Seconds(jsii.Number(float64(c.VisibilityTimeoutSeconds))),
-				DeadLetterQueue:           &awssqs.DeadLetterQueue{Queue: cr.DLQ, MaxReceiveCount: jsii.Number(float64(c.MaxReceiveCount))},
+				DeadLetterQueue:           &awssqs.DeadLetterQueue{Queue: cr.DLQ, MaxReceiveCount: jsii.Number(float64(c.ReceiveLimit()))},
 				Encryption:                awssqs.QueueEncryption_KMS,
 				EncryptionMasterKey:       p.QueueKey,
 				EnforceSSL:                jsii.Bool(true),
@@ -248,6 +248,10 @@ func newPipeline(stack awscdk.Stack, cfg Config, net *Network) *Pipeline {
 					"FIFOBOX_CONSUMER_NAME":     jsii.String(c.Name),
 					"FIFOBOX_DLQ_URL":           cr.DLQ.QueueUrl(),
 					"FIFOBOX_METRICS_NAMESPACE": metricsNamespace,
+					// The handler's retry budget and the redrive policy's
+					// backstop above, from the same topology entry.
+					"FIFOBOX_MAX_RETRIES":       jsii.String(strconv.Itoa(c.Retries())),
+					"FIFOBOX_MAX_RECEIVE_COUNT": jsii.String(strconv.Itoa(c.ReceiveLimit())),
 				}),
 			})
 			grantDB(cfg, net, FnConsumer, role)

@@ -177,6 +177,11 @@ services embed the transport's runner with their own.` + runningLong,
 			if err != nil {
 				return err
 			}
+			if consumer == readmodel.Projection {
+				if err := readmodel.Ensure(ctx, pool); err != nil {
+					return err
+				}
+			}
 			r, err := t.Consumer(consumer, pool, readmodel.ForConsumer(consumer))
 			if err != nil {
 				return err

@@ -49,6 +49,9 @@ func TestStatusThroughRabbitMQ(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &res); err != nil || res.Status == nil {
 		t.Fatalf("output %q: %v", out, err)
 	}
+	if !strings.Contains(out, `"oldest_transaction_age_seconds":`) {
+		t.Errorf("status --json lacks oldest_transaction_age_seconds: %s", out)
+	}
 	got := map[string]bool{}
 	for _, q := range res.Status.Queues.Consumers {
 		if q.Error != "" {
@@ -112,6 +115,9 @@ func TestStatusThroughNATS(t *testing.T) {
 	var res redrive.Result
 	if err := json.Unmarshal([]byte(out), &res); err != nil || res.Status == nil {
 		t.Fatalf("output %q: %v", out, err)
+	}
+	if !strings.Contains(out, `"oldest_transaction_age_seconds":`) {
+		t.Errorf("status --json lacks oldest_transaction_age_seconds: %s", out)
 	}
 	got := map[string]bool{}
 	for _, q := range res.Status.Queues.Consumers {

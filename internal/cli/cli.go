@@ -207,7 +207,7 @@ A command that cannot do what it was asked says why on stderr and exits 1.`,
 	pf.StringVar(&a.actor, "actor", who+"@"+host, "who is asking, recorded in the audit trail")
 	pf.BoolVarP(&a.verbose, "verbose", "v", false, "log operation details to stderr")
 	a.addOperations(root)
-	root.AddCommand(a.provisionCmd(), a.consumeCmd(), a.dispatchCmd())
+	root.AddCommand(a.provisionCmd(), a.captureCmd(), a.consumeCmd(), a.dispatchCmd())
 	a.root = root
 	return root
 }

@@ -149,9 +149,11 @@ func TestStatusShowsTheSplitBacklog(t *testing.T) {
 	ok := redrive.Section{State: redrive.StateOK}
 	printStatus(&out, &redrive.Status{State: redrive.StateOK, Outbox: redrive.OutboxStatus{Section: ok, Pending: 9, DueEvents: 3,
 		InFlightAggregates: 1, BackingOffEvents: 2, RetryingAggregates: 1, ParkedEvents: 4, ParkedAggregates: 2, Dead: 2,
-		OldestDueAge: redrive.Duration(1500 * time.Millisecond)}, Errors: redrive.ErrorsStatus{Section: ok}, Queues: redrive.QueuesStatus{Section: ok}})
+		OldestDueAge: redrive.Duration(1500 * time.Millisecond), OldestTransactionAge: redrive.Duration(95 * time.Second), OldestTransactionPartial: true},
+		Errors: redrive.ErrorsStatus{Section: ok}, Queues: redrive.QueuesStatus{Section: ok}})
 	for _, want := range []string{"3 events, 1 aggregates in flight", "1.5s",
-		"2 events, 1 aggregates retrying", "4 events, 2 aggregates, 2 dead"} {
+		"2 events, 1 aggregates retrying", "4 events, 2 aggregates, 2 dead",
+		"oldest open transaction (server)    1m35s (the migration owner's sessions only"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("status lacks %q:\n%s", want, out.String())
 		}

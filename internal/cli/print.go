@@ -62,6 +62,11 @@ func printStatus(w io.Writer, s *redrive.Status) {
 		fmt.Fprintf(tw, "  backing off after a failed publish\t%d events, %d aggregates retrying\n", o.BackingOffEvents, o.RetryingAggregates)
 		fmt.Fprintf(tw, "  parked behind dead events\t%d events, %d aggregates, %d dead\n", o.ParkedEvents, o.ParkedAggregates, o.Dead)
 		fmt.Fprintf(tw, "  oldest unsent event\t%s\n", age(o.OldestPendingAge))
+		txNote := ""
+		if o.OldestTransactionPartial {
+			txNote = " (the migration owner's sessions only: it lacks pg_read_all_stats)"
+		}
+		fmt.Fprintf(tw, "  oldest open transaction (server)\t%s%s\n", age(o.OldestTransactionAge), txNote)
 		_ = tw.Flush()
 	}
 

@@ -21,7 +21,7 @@ import (
 
 // processes are the CLI's commands that are not operations of the redrive
 // Lambda: they run here, or are cobra's own.
-var processes = []string{"provision", "consume", "dispatch", "help", "completion"}
+var processes = []string{"provision", "capture", "consume", "dispatch", "help", "completion"}
 
 // operationCommands maps each operation command of the CLI to its words.
 func operationCommands(root *cobra.Command) map[string]*cobra.Command {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/fifobox/fifobox/internal/containers"
 	"github.com/fifobox/fifobox/migrations"
+	"github.com/fifobox/fifobox/pkg/readmodel"
 	"github.com/fifobox/fifobox/pkg/redact"
 )
 
@@ -74,23 +75,41 @@ type DB struct {
 // the test ends.
 func New(tb testing.TB) *DB {
 	tb.Helper()
-	db := NewEmpty(tb)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := migrations.Up(ctx, db.Pool); err != nil {
-		tb.Fatalf("pgtest: migrate schema %s: %v", db.Schema, err)
-	}
-	return db
+	return newSchema(tb, URL(), true)
 }
 
 // NewEmpty creates a fresh schema without migrating it.
 func NewEmpty(tb testing.TB) *DB {
 	tb.Helper()
+	return newSchema(tb, URL(), false)
+}
+
+func newSchema(tb testing.TB, base string, migrate bool) *DB {
+	tb.Helper()
+	db := newEmpty(tb, base)
+	if !migrate {
+		return db
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := migrations.Up(ctx, db.Pool); err != nil {
+		tb.Fatalf("pgtest: migrate schema %s: %v", db.Schema, err)
+	}
+	// The example consumer's table, which no migration creates: tests
+	// across the repository run the example side effects.
+	if err := readmodel.Setup(ctx, db.Pool); err != nil {
+		tb.Fatalf("pgtest: schema %s: %v", db.Schema, err)
+	}
+	return db
+}
+
+func newEmpty(tb testing.TB, base string) *DB {
+	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	admin, err := pgx.Connect(ctx, URL())
+	admin, err := pgx.Connect(ctx, base)
 	if err != nil {
-		tb.Fatalf("pgtest: connect to %s: %v (is PostgreSQL running? see .ci/run)", redact.DSN(URL()), err)
+		tb.Fatalf("pgtest: connect to %s: %v (is PostgreSQL running? see .ci/run)", redact.DSN(base), err)
 	}
 	defer admin.Close(ctx)
 	b := make([]byte, 6)
@@ -99,7 +118,7 @@ func NewEmpty(tb testing.TB) *DB {
 	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
 		tb.Fatalf("pgtest: create schema: %v", err)
 	}
-	url := WithSearchPath(URL(), schema)
+	url := WithSearchPath(base, schema)
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		tb.Fatalf("pgtest: parse url: %v", err)
@@ -122,7 +141,7 @@ func NewEmpty(tb testing.TB) *DB {
 		pool.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		c, err := pgx.Connect(ctx, URL())
+		c, err := pgx.Connect(ctx, base)
 		if err != nil {
 			tb.Logf("pgtest: cleanup connect: %v", err)
 			return

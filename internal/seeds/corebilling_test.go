@@ -162,7 +162,7 @@ func TestCorebillingConsumerUnchanged(t *testing.T) {
 		resource := fmt.Sprintf("sub_%d", s)
 		for n, typ := range []string{"subscription.created", "subscription.trialing", "subscription.activated", "subscription.renewed"} {
 			id := uuid.UUID(ulid.Make()).String() // corebilling's ids are ULIDs
-			e := event{n: n + 1, env: envelope.Envelope{ID: id, Type: typ, OccurredAt: time.Now().UTC(), AggregateType: "subscription",
+			e := event{n: n + 1, env: envelope.Envelope{ID: id, Type: typ, OccurredAt: time.Now().UTC().Truncate(time.Microsecond), AggregateType: "subscription",
 				AggregateID: resource, TenantID: "tnt_1", CorrelationID: "corr-" + resource, SchemaVersion: 1,
 				Payload: json.RawMessage(fmt.Sprintf(`{"id":%q,"customer_id":"cus_1","n":%d}`, resource, n+1))}}
 			events = append(events, e)
@@ -174,15 +174,17 @@ func TestCorebillingConsumerUnchanged(t *testing.T) {
 			}
 		}
 	}
+	// The document's producers: a row in billing_events with its ULID, the
+	// event in the payload and the outbox metadata beside it; fifobox's
+	// capture delivers it.
+	app := producers(t, db, prof, "corebilling", "outbox.sql")
 	for _, e := range events {
-		tx, err := db.Pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := outbox.Enqueue(ctx, tx, e.env); err != nil {
-			t.Fatal(err)
-		}
-		if err := tx.Commit(ctx); err != nil {
+		payload, _ := json.Marshal(map[string]any{"id": wire.ULID.Format(e.env.ID), "subject": e.env.Type, "tenantId": e.env.TenantID,
+			"createdAt": e.env.OccurredAt.Format(time.RFC3339Nano), "data": e.env.Payload,
+			"metadata": map[string]any{"correlation_id": e.env.CorrelationID, "outbox_status": "pending", "outbox_retry_count": 0}})
+		if _, err := app.Pool.Exec(ctx, `INSERT INTO billing_events (id, subject, tenant_id, resource_id, payload, created_at)
+			VALUES ($1, $2, $3, $4, $5, $6)`, wire.ULID.Format(e.env.ID), e.env.Type, e.env.TenantID, e.env.AggregateID, string(payload),
+			e.env.OccurredAt); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -204,14 +206,27 @@ func TestCorebillingConsumerUnchanged(t *testing.T) {
 	var state, lastErr string
 	var attempts int
 	eventually(t, 30*time.Second, "the doomed event dead", func() bool {
-		_ = db.Pool.QueryRow(ctx, `SELECT state, attempts, coalesce(last_error, '') FROM outbox WHERE event_id = $1`, doomed.env.ID).Scan(&state, &attempts, &lastErr)
+		_ = db.Pool.QueryRow(ctx, `SELECT state, attempts, coalesce(last_error, '') FROM outbox_events WHERE event_id = $1`, doomed.env.ID).Scan(&state, &attempts, &lastErr)
 		return state == "dead"
 	})
 	if attempts != 4 || !strings.Contains(lastErr, "injected") {
 		t.Errorf("doomed event: %d attempts, last error %q", attempts, lastErr)
 	}
-	if err := db.Pool.QueryRow(ctx, `SELECT state, attempts FROM outbox WHERE event_id = $1`, retried.env.ID).Scan(&state, &attempts); err != nil || state != "sent" || attempts != 3 {
+	if err := db.Pool.QueryRow(ctx, `SELECT state, attempts FROM outbox_events WHERE event_id = $1`, retried.env.ID).Scan(&state, &attempts); err != nil || state != "sent" || attempts != 3 {
 		t.Errorf("retried event: %s after %d attempts (%v), want sent after 3", state, attempts, err)
+	}
+	// The metadata in billing_events tells the truth: dispatched, and the
+	// doomed event dead_letter with its last error.
+	var dispatched, dead int
+	var statusErr error
+	eventually(t, 30*time.Second, "billing_events' metadata updated", func() bool {
+		statusErr = app.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE payload #>> '{metadata,outbox_status}' = 'dispatched'),
+			count(*) FILTER (WHERE payload #>> '{metadata,outbox_status}' = 'dead_letter' AND payload #>> '{metadata,outbox_last_error}' LIKE '%injected%' AND id = $1)
+			FROM billing_events`, wire.ULID.Format(doomed.env.ID)).Scan(&dispatched, &dead)
+		return statusErr == nil && dispatched >= want && dead == 1
+	})
+	if dispatched != want {
+		t.Errorf("billing_events: %d dispatched, want %d", dispatched, want)
 	}
 	time.Sleep(time.Second) // a duplicate would arrive now
 

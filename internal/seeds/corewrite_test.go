@@ -12,8 +12,6 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/fifobox/fifobox/internal/pgtest"
-	"github.com/fifobox/fifobox/pkg/envelope"
-	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/transport/amqp"
 	"github.com/fifobox/fifobox/pkg/transport/amqp/amqptest"
 	"github.com/fifobox/fifobox/pkg/wire"
@@ -73,21 +71,17 @@ func TestCorewriteSubscribersUnchanged(t *testing.T) {
 	}
 	poison := event{id: uuid.NewString(), agg: "PRD-9", typ: "ProductCreated", n: 1, poison: true}
 	events = append(events, poison)
+	app := producers(t, db, prof, "corewrite", "outbox.sql")
 	for _, e := range events {
 		pl := map[string]any{"PRD_ID": e.agg, "XPRD01": "Widget", "n": e.n}
 		if e.poison {
 			pl["fail_in"] = "search-indexer"
 		}
 		payload, _ := json.Marshal(pl)
-		tx, err := db.Pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := outbox.Enqueue(ctx, tx, envelope.Envelope{ID: e.id, Type: e.typ, OccurredAt: time.Now(), AggregateType: "PRD",
-			AggregateID: e.agg, SchemaVersion: 1, Payload: payload}); err != nil {
-			t.Fatal(err)
-		}
-		if err := tx.Commit(ctx); err != nil {
+		// The guide's write: update TB_ANAG_{DIM}00, insert the OUTBOX event,
+		// commit; fifobox's capture delivers the OUTBOX row.
+		if _, err := app.Pool.Exec(ctx, `INSERT INTO outbox (outbox_id, event_type, aggregate_type, aggregate_id, payload) VALUES ($1, $2, $3, $4, $5)`,
+			e.id, e.typ, "PRD", e.agg, string(payload)); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/fifobox/fifobox/internal/emulatortest"
 	"github.com/fifobox/fifobox/internal/pgtest"
+	"github.com/fifobox/fifobox/pkg/capture"
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/wire"
 )
@@ -267,4 +268,27 @@ func mapper(t *testing.T, p *wire.Profile, transport string) *wire.Mapper {
 		t.Fatal(err)
 	}
 	return m
+}
+
+// producers gives the seed's producers their own schema with their outbox
+// table as the document defines it (examples/seeds/<system>/<file>), and
+// installs the profile's source (pkg/capture) so that fifobox, in db's
+// schema, delivers every row they insert. The returned database's
+// search_path holds only the producers' schema: their SQL runs as written,
+// and a table of theirs named outbox is theirs.
+func producers(t *testing.T, db *pgtest.DB, prof *wire.Profile, system, file string) *pgtest.DB {
+	t.Helper()
+	ctx := context.Background()
+	ddl, err := os.ReadFile(filepath.Join(clientsDir(), system, file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := pgtest.NewEmpty(t)
+	if _, err := app.Pool.Exec(ctx, string(ddl)); err != nil {
+		t.Fatalf("%s/%s: %v", system, file, err)
+	}
+	if _, err := capture.Install(ctx, app.Pool, prof, capture.InstallConfig{Schema: db.Schema}); err != nil {
+		t.Fatal(err)
+	}
+	return app
 }

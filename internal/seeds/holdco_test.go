@@ -11,7 +11,6 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/fifobox/fifobox/internal/pgtest"
-	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/transport/amqp"
 	"github.com/fifobox/fifobox/pkg/transport/amqp/amqptest"
 	"github.com/fifobox/fifobox/pkg/wire"
@@ -110,17 +109,17 @@ func TestHoldCoConsumerUnchanged(t *testing.T) {
 	}
 	invoice := holdcoEvent{EventID: uuid.NewString(), OccurredAt: occurred.Format(time.RFC3339), AggregateType: "invoice",
 		AggregateID: uuid.NewString(), EventType: "paid", GroupID: group, Payload: json.RawMessage(`{"invoice_no":"INV-1"}`)}
+	// The document's write path: the domain write and the outbox row in one
+	// transaction, into its own event_outbox; fifobox's capture delivers it.
+	app := producers(t, db, prof, "holdco", "outbox.sql")
 	enqueue := func(ev holdcoEvent) {
-		body, _ := json.Marshal(ev)
-		e, err := prof.Envelope(body)
+		tx, err := app.Pool.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		tx, err := db.Pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := outbox.Enqueue(ctx, tx, e); err != nil {
+		if _, err := tx.Exec(ctx, `INSERT INTO event_outbox (id, group_id, subsidiary_id, aggregate_type, aggregate_id, event_type, payload, created_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`, ev.EventID, ev.GroupID, ev.SubsidiaryID, ev.AggregateType, ev.AggregateID, ev.EventType,
+			string(ev.Payload), occurred); err != nil {
 			t.Fatal(err)
 		}
 		if err := tx.Commit(ctx); err != nil {
@@ -205,6 +204,12 @@ func TestHoldCoConsumerUnchanged(t *testing.T) {
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
+	// The document's status column tells the truth: every row published.
+	eventually(t, 30*time.Second, "every event_outbox row published", func() bool {
+		var published int
+		_ = app.Pool.QueryRow(ctx, `SELECT count(*) FROM event_outbox WHERE status = 'published'`).Scan(&published)
+		return published == len(orders)+1
+	})
 	var inbox int
 	_ = db.Pool.QueryRow(ctx, `SELECT count(*) FROM event_inbox WHERE consumer_name = 'orders.consumer'`).Scan(&inbox)
 	if inbox != len(orders) {

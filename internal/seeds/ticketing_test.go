@@ -12,7 +12,6 @@ import (
 
 	"github.com/fifobox/fifobox/internal/pgtest"
 	"github.com/fifobox/fifobox/pkg/envelope"
-	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/transport/amqp"
 	"github.com/fifobox/fifobox/pkg/transport/amqp/amqptest"
 	"github.com/fifobox/fifobox/pkg/wire"
@@ -91,15 +90,12 @@ func TestTicketingConsumerUnchanged(t *testing.T) {
 	malformed := add("hold.created", uuid.NewString(), 1, map[string]any{"invalid": true})
 	malformed.dead, malformed.invalid = true, true
 
+	// TR-6's publisher side: the event row in the service's own outbox
+	// table, in the business transaction; fifobox's capture delivers it.
+	app := producers(t, db, prof, "ticketing", "outbox.sql")
 	for _, e := range events {
-		tx, err := db.Pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := outbox.Enqueue(ctx, tx, e.env); err != nil {
-			t.Fatal(err)
-		}
-		if err := tx.Commit(ctx); err != nil {
+		if _, err := app.Pool.Exec(ctx, `INSERT INTO outbox (id, event_type, aggregate_id, payload, created_at) VALUES ($1, $2, $3, $4, $5)`,
+			e.env.ID, e.env.Type, e.env.AggregateID, string(e.env.Payload), e.env.OccurredAt); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -207,6 +203,12 @@ func TestTicketingConsumerUnchanged(t *testing.T) {
 	if len(dlq) != 2 {
 		t.Errorf("%d dead letters, want 2", len(dlq))
 	}
+	// FR-4: "Worker shall mark events as published after successful delivery".
+	eventually(t, 30*time.Second, "every outbox row marked published", func() bool {
+		var unpublished int
+		_ = app.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE NOT published OR published_at IS NULL`).Scan(&unpublished)
+		return unpublished == 0
+	})
 }
 
 // asInt reads an AMQP integer header of any width (-1 if it is none).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -15,8 +16,6 @@ import (
 
 	"github.com/fifobox/fifobox/internal/emulatortest"
 	"github.com/fifobox/fifobox/internal/pgtest"
-	"github.com/fifobox/fifobox/pkg/envelope"
-	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/transport/sns"
 	"github.com/fifobox/fifobox/pkg/wire"
 )
@@ -44,6 +43,10 @@ func TestTransfersConsumerMockUnchanged(t *testing.T) {
 		id, transfer string
 		n            int
 	}
+	// The producers' schema: the document's wire-test SQL as written (its
+	// table, and a first event written before fifobox delivered the table,
+	// which stays the old dispatcher's), then fifobox's capture.
+	app := producers(t, db, prof, "transfers", "wire_test.sql")
 	var events []event
 	var doomed event
 	for tr := 0; tr < 3; tr++ {
@@ -54,20 +57,37 @@ func TestTransfersConsumerMockUnchanged(t *testing.T) {
 			if tr == 1 && n == 1 {
 				doomed = e
 			}
-			tx, err := db.Pool.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := outbox.Enqueue(ctx, tx, envelope.Envelope{ID: e.id, Type: "events.transfers." + typ, OccurredAt: time.Now(),
-				AggregateType: "transfer", AggregateID: transfer, TenantID: "tnt_demo", SchemaVersion: 1,
-				Payload: json.RawMessage(fmt.Sprintf(`{"amount":{"value":"10.00","currency":"USD"},"n":%d}`, e.n))}); err != nil {
-				t.Fatal(err)
-			}
-			if err := tx.Commit(ctx); err != nil {
+			// The document's producer write (its wire test's insert, with
+			// this event's ids), into its own outbox table.
+			if _, err := app.Pool.Exec(ctx, `INSERT INTO outbox (id, eventType, payload)
+VALUES (
+  gen_random_uuid(),
+  $1,
+  jsonb_build_object(
+    'envelope', jsonb_build_object('v',1,'eventId', $2::text, 'occurredAt', now(), 'tenantId','tnt_demo','type',$1::text),
+    'key', jsonb_build_object('transferId',$3::text),
+    'payload', jsonb_build_object('amount', jsonb_build_object('value','10.00','currency','USD'), 'n', $4::int)
+  )
+)`, "events.transfers."+typ, e.id, transfer, e.n); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
+	// The wire test's SQL, copied from the document, run again now that
+	// fifobox delivers the table: its event (a fresh eventId for
+	// tr_test_123) is delivered like the others.
+	wireTest, err := os.ReadFile(filepath.Join(clientsDir(), "transfers", "wire_test.sql"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := app.Pool.Exec(ctx, string(wireTest)); err != nil {
+		t.Fatalf("the document's wire-test SQL: %v", err)
+	}
+	var seeded string
+	if err := app.Pool.QueryRow(ctx, `SELECT payload #>> '{envelope,eventId}' FROM outbox WHERE payload #>> '{key,transferId}' = 'tr_test_123' ORDER BY createdAt DESC LIMIT 1`).Scan(&seeded); err != nil {
+		t.Fatal(err)
+	}
+	events = append(events, event{id: seeded, transfer: "tr_test_123", n: 1})
 	dir := filepath.Join(clientsDir(), "transfers")
 	awsEnv := []string{"AWS_ENDPOINT_URL=" + env.Endpoint, "AWS_REGION=us-east-1", "AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test"}
 	mock := start(t, dir, append(awsEnv, "QUEUE_URL="+env.Queues["gateway-usdc"].URL), false, py, "-u", "run.py", "consumer_mock.py")
@@ -134,6 +154,14 @@ func TestTransfersConsumerMockUnchanged(t *testing.T) {
 		got = append(got, f[2])
 	}
 	check("failing consumer", got, doomed.id)
+
+	// The table's state column tells the truth: every delivered row SENT,
+	// after one attempt; the row written before the capture untouched.
+	eventually(t, 30*time.Second, "every delivered outbox row SENT", func() bool {
+		var sent, pending int
+		_ = app.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'SENT' AND attempts = 1), count(*) FILTER (WHERE state = 'PENDING') FROM outbox`).Scan(&sent, &pending)
+		return sent == len(events) && pending == 1
+	})
 
 	out, err := env.SQS.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(env.Queues["ledger-postings"].DLQURL),
 		MaxNumberOfMessages: 10, WaitTimeSeconds: 5})

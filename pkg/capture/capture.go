@@ -100,6 +100,18 @@ func Check(ctx context.Context, db DB, p *wire.Profile) (Table, error) {
 			}
 		}
 	}
+	for _, state := range []string{"sent", "dead"} {
+		for _, set := range s.StatusSets(state) {
+			r := set.Target
+			typ, ok := t.Columns[r.Column]
+			switch {
+			case !ok:
+				add(fmt.Sprintf("status.%s[%q]", state, r), "table %s has no column %q (it has %s)", t.Ident(), r.Column, t.columnList())
+			case len(r.Path) > 0 && typ != "json" && typ != "jsonb":
+				add(fmt.Sprintf("status.%s[%q]", state, r), "column %q is %s, not json or jsonb: it has no members", r.Column, typ)
+			}
+		}
+	}
 	for _, c := range s.PayloadColumns() {
 		if _, ok := t.Columns[c]; !ok {
 			add("payload", "the template names column %q, which table %s does not have (it has %s)", c, t.Ident(), t.columnList())

@@ -89,6 +89,8 @@ type batchTx struct {
 	n       int    // records started in this transaction
 	current string // the running record's savepoint
 	broken  error  // set when the transaction can no longer be used
+	// claimer writes the inbox claim (nil: fifobox's inbox table).
+	claimer *claimer
 }
 
 // begin starts the batch transaction on first use.
@@ -168,7 +170,11 @@ func (b *batchTx) exec(ctx context.Context, newRecord bool, sql string, args ...
 // claim sets the record's savepoint and claims (consumer, event id) in one
 // round trip; false means the event was applied before.
 func (b *batchTx) claim(ctx context.Context, consumer string, e envelope.Envelope) (bool, error) {
-	tag, err := b.run(ctx, true, &pgx.QueuedQuery{SQL: sqlClaim, Arguments: []any{consumer, e.ID, e.AggregateType, e.AggregateID, e.Sequence}})
+	c := b.claimer
+	if c == nil {
+		c = defaultClaimer
+	}
+	tag, err := b.run(ctx, true, c.query(consumer, e))
 	if err != nil {
 		return false, fmt.Errorf("inbox claim: %w", err)
 	}

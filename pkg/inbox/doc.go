@@ -18,6 +18,10 @@
 // head and its failure count, surviving restarts), in strict order holds a
 // group behind a dead-lettered event (inbox_held) until redrive or
 // release, waits out database failures in place without spending any
-// retry budget, and stops starting records DeadlineMargin before a Lambda
-// deadline, handing back only what it did not finish.
+// retry budget, runs a redelivered record alone after a committed charge
+// (so a consumer that dies is charged to an event only when that event ran
+// alone: a crash loop spends no healthy event's budget, an event that kills
+// its consumer is dead-lettered after MaxRetries), and stops starting
+// records DeadlineMargin before a Lambda deadline, handing back only what
+// it did not finish.
 package inbox

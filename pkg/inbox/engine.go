@@ -25,6 +25,9 @@ const (
 type ConsumerConfig struct {
 	// Consumer is the consumer's name, its inbox key. Required.
 	Consumer string
+	// Inbox is the table the consumer dedupes through; the zero Table is
+	// fifobox's inbox (FIFOBOX_INBOX_TABLE, TableFromEnv).
+	Inbox Table
 	// Order: OrderStrict (default) holds a group behind a dead-lettered
 	// event until redrive or release; OrderRelaxed lets it continue.
 	Order Order
@@ -92,12 +95,19 @@ type EngineConfig struct {
 // that cannot be reached, a failed commit or a lost broker connection is
 // not. The engine retries such a batch in place, holding its records (and
 // keeping them alive through Keeper) until the database answers, so an
-// outage of any length spends no retry budget and dead-letters nothing.
+// outage of any length spends no retry budget and dead-letters nothing. A
+// consumer that died is an event's failure only if that event ran alone
+// (a redelivered record runs alone, after a committed charge: run.go).
+//
+// MaxRetries is the event's own budget; the broker's delivery limit
+// (SQS maxReceiveCount, JetStream max_deliver, a quorum queue's
+// delivery-limit) is a backstop far above it (topology.Consumer).
 type Engine struct {
-	db    DB
-	apply Apply
-	cfg   EngineConfig
-	log   *slog.Logger
+	db      DB
+	apply   Apply
+	cfg     EngineConfig
+	log     *slog.Logger
+	claimer *claimer
 }
 
 func (c *EngineConfig) setDefaults() {
@@ -162,7 +172,11 @@ func NewEngine(db DB, apply Apply, cfg EngineConfig) (*Engine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("new inbox engine: %w", err)
 	}
-	return &Engine{db: db, apply: apply, cfg: cfg, log: cfg.Logger}, nil
+	c, err := cfg.Inbox.compile()
+	if err != nil {
+		return nil, fmt.Errorf("new inbox engine: Inbox: %w", err)
+	}
+	return &Engine{db: db, apply: apply, cfg: cfg, log: cfg.Logger, claimer: c}, nil
 }
 
 // Config is the engine's configuration with defaults applied.

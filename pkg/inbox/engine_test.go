@@ -637,3 +637,167 @@ func TestEnginePreHoldsALastDelivery(t *testing.T) {
 		t.Fatalf("held rows %s, want A's pre-hold released and B held", h)
 	}
 }
+
+// A crash is charged only to a record that ran alone: records redelivered
+// after a consumer died mid-batch (no charge of theirs left) count no
+// failure and each runs alone; a record whose solo attempt never reported
+// (its charge still there, as a consumer killed by that event leaves it)
+// counts one failure per such attempt, and once that spends its budget it
+// is dead-lettered without being run again, its group held.
+func TestEngineChargesACrashOnlyToARecordThatRanAlone(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	fb := &fakeBroker{}
+	ctx := context.Background()
+	var mu sync.Mutex
+	var batches []int
+	e := newEngine(t, &countingBatches{DB: db.Pool, mu: &mu, sizes: &batches}, record, inbox.EngineConfig{MaxRetries: 2, Lanes: 1})
+	redelivered := func(id string, x envelope.Envelope) *inbox.Record {
+		r := recordOf(t, id, x)
+		r.Deliveries = 2
+		return r
+	}
+	// Redelivered after a crash mid-batch: no failure counted, each alone.
+	a1, a2, b1 := ev("A", 1), ev("A", 2), ev("B", 1)
+	if err := e.Handle(ctx, fb, []*inbox.Record{redelivered("a1", a1), redelivered("a2", a2), redelivered("b1", b1)}); err != nil {
+		t.Fatal(err)
+	}
+	if got := summary(fb.taken()); got != "ack a1; ack a2; ack b1" {
+		t.Fatalf("redelivered after a crash mid-batch: %s", got)
+	}
+	mu.Lock()
+	if fmt.Sprint(batches) != "[1 1 1]" {
+		t.Errorf("batch transactions of %v records, want each redelivered record alone", batches)
+	}
+	mu.Unlock()
+	if p := parkedRows(t, db); len(p) != 0 {
+		t.Fatalf("charges left after their attempts reported: %v", p)
+	}
+	// P's event killed the consumer each time it ran alone: its charge is
+	// still there when it comes back (two deaths, as committed before).
+	p1, p2 := ev("P", 1), ev("P", 2)
+	die := func() {
+		t.Helper()
+		if _, err := db.Pool.Exec(ctx, `UPDATE inbox_parked SET retry = 0 WHERE group_id = 'P'`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := &failing{}
+	f.set(p1.ID, errors.New("boom"))
+	e = newEngine(t, db.Pool, f.apply, inbox.EngineConfig{MaxRetries: 2, Lanes: 1})
+	// First delivery fails normally: 1 failure, retried.
+	if err := e.Handle(ctx, fb, []*inbox.Record{recordOf(t, "p1", p1)}); err != nil {
+		t.Fatal(err)
+	}
+	// Back, alone, and the consumer dies during it: simulated by its charge
+	// staying (the attempt's own outcome is rolled back with the process).
+	if got := summary(fb.taken()); got != "retry p1 n=1 failures=1" {
+		t.Fatalf("first failure: %s", got)
+	}
+	die()
+	if err := e.Handle(ctx, fb, []*inbox.Record{redelivered("p1", p1), redelivered("p2", p2)}); err != nil {
+		t.Fatal(err)
+	}
+	// The death counted (2 failures), then this attempt failed: 3 > 2.
+	if got := summary(fb.taken()); got != "dead p1 exhausted; dead p2 held" {
+		t.Fatalf("after a death and a failure: %s", got)
+	}
+	if p := parkedRows(t, db); len(p) != 0 {
+		t.Fatalf("parks left: %v", p)
+	}
+	// Q dies every time it runs alone: dead-lettered once its deaths
+	// spend the budget, without running it again.
+	q1 := ev("Q", 1)
+	ran := 0
+	e = newEngine(t, db.Pool, func(ctx context.Context, tx pgx.Tx, x envelope.Envelope) error {
+		ran++
+		return record(ctx, tx, x)
+	}, inbox.EngineConfig{MaxRetries: 2, Lanes: 1})
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO inbox_parked (consumer, group_id, message_key, event_id, sequence, failures, retry, due_at, expires_at)
+VALUES ('c', 'Q', $1, $2, 1, 2, 0, now(), now() + interval '1 hour')`, q1.ID, q1.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Handle(ctx, fb, []*inbox.Record{redelivered("q1", q1)}); err != nil {
+		t.Fatal(err)
+	}
+	if got := summary(fb.taken()); got != "dead q1 exhausted" || ran != 0 {
+		t.Fatalf("a record whose solo attempts died 3 times: %s, ran %d times; want dead-lettered without running", got, ran)
+	}
+	if h := heldRowsOf(t, db); strings.Join(h, ",") != "P:exhausted,P:held,Q:exhausted" {
+		t.Fatalf("held rows %v", h)
+	}
+}
+
+// countingBatches records the size of each batch transaction: how many
+// inbox claims it made.
+type countingBatches struct {
+	inbox.DB
+	mu    *sync.Mutex
+	sizes *[]int
+}
+
+func (c *countingBatches) Begin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := c.DB.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &claimCountingTx{Tx: tx, c: c}, nil
+}
+
+type claimCountingTx struct {
+	pgx.Tx
+	c      *countingBatches
+	claims int
+}
+
+func (t *claimCountingTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	for _, q := range b.QueuedQueries {
+		if strings.HasPrefix(q.SQL, `INSERT INTO "inbox" (`) {
+			t.claims++
+		}
+	}
+	return t.Tx.SendBatch(ctx, b)
+}
+
+func (t *claimCountingTx) Commit(ctx context.Context) error {
+	if t.claims > 0 {
+		t.c.mu.Lock()
+		*t.c.sizes = append(*t.c.sizes, t.claims)
+		t.c.mu.Unlock()
+	}
+	return t.Tx.Commit(ctx)
+}
+
+// An event applied before, delivered again while its group is held (a
+// replay, a late copy), is a duplicate: acknowledged, not sent to the DLQ
+// behind the hold, wherever it stands in the batch.
+func TestEngineAcksADuplicateOfAHeldGroup(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	fb := &fakeBroker{}
+	f := &failing{}
+	a1, a2, a3 := ev("A", 1), ev("A", 2), ev("A", 3)
+	f.set(a2.ID, envelope.Permanent(errors.New("rejected")))
+	e := newEngine(t, db.Pool, f.apply, inbox.EngineConfig{Lanes: 1})
+	ctx := context.Background()
+	if err := e.Handle(ctx, fb, []*inbox.Record{recordOf(t, "a1", a1), recordOf(t, "a2", a2)}); err != nil {
+		t.Fatal(err)
+	}
+	if got := summary(fb.taken()); got != "ack a1; dead a2 permanent" {
+		t.Fatalf("first batch: %s", got)
+	}
+	for _, batch := range [][]*inbox.Record{
+		{recordOf(t, "a3", a3), recordOf(t, "a1-again", a1)},         // the copy second
+		{recordOf(t, "a1-again-2", a1), recordOf(t, "a3-again", a3)}, // the copy first
+	} {
+		if err := e.Handle(ctx, fb, batch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, want := summary(fb.taken()), "dead a3 held; ack a1-again; ack a1-again-2; dead a3-again held"; got != want {
+		t.Fatalf("copies of an applied event in a held group: %s, want %s", got, want)
+	}
+	if h := heldRowsOf(t, db); strings.Join(h, ",") != "A:permanent,A:held" {
+		t.Fatalf("held rows %v, want A/2 and A/3 only", h)
+	}
+}

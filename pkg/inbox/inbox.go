@@ -43,8 +43,6 @@ func (o Outcome) String() string {
 type SideEffect func(ctx context.Context, tx pgx.Tx) error
 
 const (
-	sqlClaim = `INSERT INTO inbox (consumer, event_id, aggregate_type, aggregate_id, sequence)
-VALUES ($1, $2, $3, $4, $5) ON CONFLICT (consumer, event_id) DO NOTHING`
 	sqlPrune = `DELETE FROM inbox WHERE ctid IN (
     SELECT ctid FROM inbox WHERE processed_at < $1 ORDER BY processed_at LIMIT $2)`
 )
@@ -61,7 +59,8 @@ func Process(ctx context.Context, db DB, consumer string, e envelope.Envelope, f
 	}
 	var out Outcome
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, sqlClaim, consumer, e.ID, e.AggregateType, e.AggregateID, e.Sequence)
+		q := defaultClaimer.query(consumer, e)
+		tag, err := tx.Exec(ctx, q.SQL, q.Arguments...)
 		if err != nil {
 			return fmt.Errorf("inbox claim: %w", err)
 		}

@@ -29,8 +29,13 @@ type Record struct {
 	// the event's failures never count.
 	Failures int
 	// Deliveries is how often the broker delivered the message, this time
-	// included (informational; 0 when the broker does not say).
+	// included (0 when the broker does not say).
 	Deliveries int
+	// Redelivered says the broker delivered the message before and that
+	// delivery was not settled (RabbitMQ's redelivered flag), when it does
+	// not count deliveries; Deliveries > 1 says the same. A redelivered
+	// record runs alone, after a committed charge (see Engine).
+	Redelivered bool
 	// LastDelivery says the broker gives up on the message (SQS moves it to
 	// the DLQ, JetStream stops delivering it) unless this delivery settles
 	// it: a failure now is dead-lettered by the engine, whatever the retry
@@ -45,7 +50,12 @@ type Record struct {
 	key       string // event id, or sha256 of an invalid body
 	group     string // Group, or the aggregate id; "" for an invalid body without Group
 	seq       uint64 // submission order within a session
+	charged   bool   // its solo attempt's charge is committed (run.go, charge)
 }
+
+// redelivered reports whether an earlier delivery of the record was not
+// settled: the previous attempt's outcome may never have been recorded.
+func (r *Record) redelivered() bool { return r.Redelivered || r.Deliveries > 1 }
 
 // decode parses the body once, on submission.
 func (r *Record) decode() {

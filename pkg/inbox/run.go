@@ -25,6 +25,8 @@ ON CONFLICT (consumer, group_id) DO UPDATE SET message_key = EXCLUDED.message_ke
     sequence = EXCLUDED.sequence, failures = EXCLUDED.failures, retry = EXCLUDED.retry, due_at = EXCLUDED.due_at,
     expires_at = EXCLUDED.expires_at, last_error = EXCLUDED.last_error, parked_at = now()`
 	sqlUnpark = `DELETE FROM inbox_parked WHERE consumer = $1 AND group_id = $2 AND message_key = $3`
+	// The group's park, locked for a charge (see charge).
+	sqlParkOf = `SELECT message_key, failures, retry FROM inbox_parked WHERE consumer = $1 AND group_id = $2 FOR UPDATE`
 )
 
 // errRunAgain: a side effect ran out of its time and took the batch
@@ -90,6 +92,7 @@ func (e *Engine) run(ctx context.Context, batch []*Record, deadline bool, pre ma
 		return unfinishedDecisions(batch, ClassDeadline), nil
 	}
 	var b batchTx
+	b.claimer = e.claimer
 	defer b.rollback(ctx)
 	strict := e.cfg.Order == OrderStrict
 	var groups []string
@@ -105,6 +108,13 @@ func (e *Engine) run(ctx context.Context, batch []*Record, deadline bool, pre ma
 	tctx := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, e.cfg.HandlerTimeout) }
 	if strict && !deadline {
 		if err := e.preHold(tctx, batch); err != nil {
+			return nil, err
+		}
+	}
+	// After the pre-hold: a record on its last delivery is held even if
+	// the charge cannot be written.
+	if !deadline && len(batch) == 1 {
+		if err := e.charge(ctx, batch[0]); err != nil {
 			return nil, err
 		}
 	}
@@ -168,8 +178,45 @@ func (e *Engine) decide(ctx context.Context, b *batchTx, r *Record, speculated, 
 	// Strict order: behind a dead-lettered event of its group.
 	if grp != "" {
 		if head, blocked := st.holds.blocked(grp, r.key); blocked {
-			undoSpeculation()
-			return e.holdBehind(ctx, b, sp(), r, head, st, d)
+			// An event applied (or discarded by an operator) before is a
+			// duplicate, not a later event: acknowledged, never sent to
+			// the DLQ behind the hold (a replay during a hold).
+			dup := false
+			if r.decodeErr == nil {
+				claimed := firstClaimed
+				if !speculated {
+					var cerr error
+					if claimed, cerr = b.claim(ctx, e.cfg.Consumer, r.env); cerr != nil {
+						if b.broken != nil {
+							return infraError("inbox claim", cerr)
+						}
+						claimed = true // unknown: hold it, as before
+					}
+					hasSP, speculated = true, true
+				}
+				dup = !claimed
+			}
+			if !dup {
+				undoSpeculation()
+			}
+			// r does not run: its own park (its charge) goes.
+			own := false
+			if p, ok := st.parks[grp]; ok && p.key == r.key {
+				if err := b.exec(ctx, sp(), sqlUnpark, e.cfg.Consumer, grp, r.key); err != nil {
+					return infraError("unpark", err)
+				}
+				delete(st.parks, grp)
+				own = true
+			}
+			if dup {
+				d.action, d.releases = ActionDuplicate, own
+				return nil
+			}
+			if err := e.holdBehind(ctx, b, sp(), r, head, st, d); err != nil {
+				return err
+			}
+			d.releases = own
+			return nil
 		}
 	}
 	heldHead := grp != "" && st.holds.isHead(grp, r.key)
@@ -204,6 +251,13 @@ func (e *Engine) decide(ctx context.Context, b *batchTx, r *Record, speculated, 
 	}
 	if r.decodeErr != nil {
 		return e.deadLetter(ctx, b, sp(), r, ClassInvalid, r.decodeErr, d.failures, parkHead, st, d)
+	}
+	if parkHead && r.charged && p.retry == 0 && d.failures > e.cfg.MaxRetries {
+		// Its budget is spent, the last of it by attempts that ran alone
+		// and never reported (the consumer died): not run again.
+		undoSpeculation()
+		cause := fmt.Errorf("failed, or stopped the consumer while it ran alone, %d times; not run again", d.failures)
+		return e.deadLetter(ctx, b, sp(), r, ClassExhausted, cause, d.failures, parkHead, st, d)
 	}
 	rctx := r.env.ContextWithTrace(ctx)
 	ferr := pre[r]
@@ -280,6 +334,54 @@ func (e *Engine) decide(ctx context.Context, b *batchTx, r *Record, speculated, 
 	*d = decision{action: ActionRetry, class: ClassTransient, err: ferr, failures: n - 1, expires: np.expires,
 		retry: Retry{N: n, Delay: delay, Failures: n}}
 	e.log.Warn("inbox engine: event failed; retrying after a delay", e.attrs(r, "retry", n, "delay", delay.String(), "error", ferr.Error())...)
+	return nil
+}
+
+// charge commits, before a redelivered record runs alone, that its attempt
+// started: the record becomes its group's parked head with retry 0 (the
+// group's later events wait behind it, as they must while it may still be
+// running) and its failures so far. The charge goes when the attempt's
+// outcome is recorded (applied, retried, dead-lettered). If the record is
+// delivered again and finds its charge still there, that attempt never
+// reported: the consumer died while running this record alone, and that
+// counts as one of the event's failures. A crash is charged only to a
+// record that ran alone, never to a batch's other records: a session runs
+// a redelivered record in a batch of its own while no other batch of the
+// session runs (session.go), so a crash loop, a deploy or an outage spends
+// no healthy event's budget, while an event that kills the consumer each
+// time is dead-lettered after MaxRetries.
+func (e *Engine) charge(ctx context.Context, r *Record) error {
+	if r.charged || !r.redelivered() || r.decodeErr != nil || r.group == "" {
+		return nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, e.cfg.HandlerTimeout)
+	defer cancel()
+	err := pgx.BeginFunc(cctx, e.db, func(tx pgx.Tx) error {
+		var key string
+		var failures, retry int
+		err := tx.QueryRow(cctx, sqlParkOf, e.cfg.Consumer, r.group).Scan(&key, &failures, &retry)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			failures = 0
+		case err != nil:
+			return err
+		case key != r.key:
+			return nil // parked behind another event: r waits, it does not run
+		case retry == 0:
+			failures++
+			e.log.Warn("inbox engine: the consumer stopped while this event ran alone; counted as one of its failures",
+				e.attrs(r, "failures", failures)...)
+		}
+		failures = max(failures, r.Failures)
+		now := time.Now()
+		_, err = tx.Exec(cctx, sqlPark, e.cfg.Consumer, r.group, r.key, nullEventID(r), nullSequence(r), failures, 0, now,
+			now.Add(e.cfg.ParkGrace), "running alone after a redelivery; still here if that attempt never reported")
+		return err
+	})
+	if err != nil {
+		return infraError("charge a redelivered record", err)
+	}
+	r.charged = true
 	return nil
 }
 
@@ -364,7 +466,8 @@ func (e *Engine) readState(ctx context.Context, b *batchTx, batch []*Record, gro
 		pb.Queue(q, e.cfg.Consumer, groups)
 	}
 	if claim != nil {
-		pb.Queue(sqlClaim, e.cfg.Consumer, claim.env.ID, claim.env.AggregateType, claim.env.AggregateID, claim.env.Sequence)
+		q := e.claimer.query(e.cfg.Consumer, claim.env)
+		pb.Queue(q.SQL, q.Arguments...)
 	}
 	if pb.Len() == 0 {
 		return st, false, nil

@@ -29,6 +29,11 @@ type Session struct {
 
 	lanes []*lane
 	wg    sync.WaitGroup
+	// solo is held exclusively while a redelivered record runs alone
+	// (charged, run.go) and shared by every other batch: a consumer that
+	// dies then was running that record and nothing else, so the death is
+	// charged to it alone.
+	solo sync.RWMutex
 
 	mu       sync.Mutex
 	inHand   map[*Record]struct{}
@@ -306,6 +311,14 @@ func (l *lane) run() {
 		}
 		l.mu.Lock()
 		n := min(len(l.queue), l.s.e.cfg.MaxBatch)
+		// A redelivered record runs alone (Engine: a crash is charged only
+		// to an event that was running alone).
+		for i, r := range l.queue[:n] {
+			if r.redelivered() {
+				n = max(i, 1)
+				break
+			}
+		}
 		batch := append([]*Record(nil), l.queue[:n]...)
 		l.queue = l.queue[n:]
 		l.mu.Unlock()
@@ -424,7 +437,18 @@ func (l *lane) process(batch []*Record) bool {
 	handBack := false // waited as long as allowed: only hand the records back
 	for {
 		deadline := handBack || s.pastDeadline()
+		alone := !deadline && len(batch) == 1 && batch[0].redelivered()
+		if alone {
+			s.solo.Lock()
+		} else {
+			s.solo.RLock()
+		}
 		ds, err := s.e.run(s.ctx, batch, deadline, pre, s.pastDeadline)
+		if alone {
+			s.solo.Unlock()
+		} else {
+			s.solo.RUnlock()
+		}
 		if err == nil {
 			if !since.IsZero() {
 				s.e.log.Info("inbox engine: the database answers again; batch applied", "consumer", s.e.cfg.Consumer,

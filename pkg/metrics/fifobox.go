@@ -28,6 +28,8 @@ const (
 	MetricParkedEvents       = "OutboxParkedEvents"     // unsent events held behind a dead head, the dead head included (Count)
 	MetricOldestDueAgeSecond = "OldestDueAgeSeconds"    // publish lag: age of the oldest due event, parked and backing-off ones excluded (Seconds)
 	MetricRetryingAggregates = "RetryingAggregates"     // aggregates whose head is backing off after a retryable publish failure (Count)
+	// The server's oldest transaction holding back vacuum, in any database of the cluster (Seconds).
+	MetricOldestTransactionAgeSeconds = "OldestTransactionAgeSeconds"
 	// Counters, summed over batches.
 	MetricPublished        = "Published"        // events the broker acknowledged (Count)
 	MetricRetries          = "Retries"          // publish failures scheduled for retry (Count)
@@ -55,6 +57,7 @@ func (e *Emitter) DispatcherBacklog(b outbox.Backlog) error {
 		Metric{Name: MetricParkedEvents, Unit: Count, Value: float64(b.ParkedEvents)},
 		Metric{Name: MetricOldestDueAgeSecond, Unit: Seconds, Value: b.OldestDueAge.Seconds()},
 		Metric{Name: MetricRetryingAggregates, Unit: Count, Value: float64(b.RetryingAggregates)},
+		Metric{Name: MetricOldestTransactionAgeSeconds, Unit: Seconds, Value: b.OldestTransactionAge.Seconds()},
 	)
 }
 

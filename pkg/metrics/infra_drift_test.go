@@ -16,6 +16,14 @@ func TestInfraUsesTheEmittedMetricNames(t *testing.T) {
 	if err != nil {
 		t.Skipf("infra module not present: %v", err)
 	}
+	// The long-transaction alarm's metric is declared beside its alarm.
+	alarms, err := os.ReadFile("../../infra/stacks/alarms_stateful.go")
+	if err != nil {
+		t.Fatalf("infra/stacks/alarms_stateful.go: %v", err)
+	}
+	if m := regexp.MustCompile(`MetricOldestTransactionAgeSeconds\s*=\s*"([^"]*)"`).FindSubmatch(alarms); m == nil || string(m[1]) != metrics.MetricOldestTransactionAgeSeconds {
+		t.Errorf("infra's MetricOldestTransactionAgeSeconds = %q, but the dispatcher emits %q", m, metrics.MetricOldestTransactionAgeSeconds)
+	}
 	ours := map[string]string{
 		"MetricsNamespace": metrics.DefaultNamespace, "DimService": metrics.DimService, "DimConsumer": metrics.DimConsumer,
 		"ServiceDispatcher":   metrics.ServiceDispatcher,

@@ -31,7 +31,8 @@ func TestDispatcherAndConsumerLinesAreValidEMF(t *testing.T) {
 	var buf bytes.Buffer
 	em := metrics.New(&buf, "")
 	em.Now = func() time.Time { return time.UnixMilli(1_790_000_000_000) }
-	if err := em.DispatcherBacklog(outbox.Backlog{Pending: 12, Dead: 1, ParkedAggregates: 1, OldestPendingAge: 1500 * time.Millisecond}); err != nil {
+	if err := em.DispatcherBacklog(outbox.Backlog{Pending: 12, Dead: 1, ParkedAggregates: 1, OldestPendingAge: 1500 * time.Millisecond,
+		OldestTransactionAge: 90 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	var c metrics.BatchCounter
@@ -52,7 +53,8 @@ func TestDispatcherAndConsumerLinesAreValidEMF(t *testing.T) {
 		t.Fatalf("%d lines, want 3", len(got))
 	}
 	want := []map[string]any{
-		{"Service": "dispatcher", "OutboxBacklog": 12.0, "OldestPendingAgeSeconds": 1.5, "DeadEvents": 1.0, "ParkedAggregates": 1.0},
+		{"Service": "dispatcher", "OutboxBacklog": 12.0, "OldestPendingAgeSeconds": 1.5, "DeadEvents": 1.0, "ParkedAggregates": 1.0,
+			"OldestTransactionAgeSeconds": 90.0},
 		{"Service": "dispatcher", "Published": 5.0, "Retries": 1.0, "Dead": 1.0},
 		{"Consumer": "orders-projection", "Processed": 3.0, "Duplicates": 1.0, "Failures": 1.0, "ConsumerLagSeconds": 2.0},
 	}

@@ -76,16 +76,24 @@ type DispatcherConfig struct {
 	// Defaults 1s and 5m.
 	BackoffBase time.Duration
 	BackoffCap  time.Duration
-	// Lease is how long a claim stays with its dispatcher; after it, a run
-	// whose outcome was never recorded (crash) is claimed again. A batch
-	// stops publishing early enough to record its outcomes inside its lease
-	// (see MarkTimeout). Default 60s.
+	// Lease is how long a claim stays with its dispatcher unless renewed:
+	// the runs of a dispatcher that crashed or lost its database are claimed
+	// again this long after its last renewal. A live dispatcher renews its
+	// batch's lease every (Lease - 1s - MarkTimeout)/2 while the batch
+	// publishes and records its outcomes, so a batch may take longer than
+	// Lease; if renewals fail, the batch stops publishing in time to record
+	// its outcomes inside the lease it holds. Default 8s: a crashed
+	// dispatcher's aggregates wait at most that long.
 	Lease time.Duration
 	// PublishTimeout bounds one Publish call (and a claim). Default 20s.
 	PublishTimeout time.Duration
-	// MarkTimeout is the time kept to record a batch's outcomes (retries
-	// included): a batch stops publishing MarkTimeout before its lease ends
-	// or before the context's deadline, whichever is first. Default 2s.
+	// MarkTimeout bounds one statement recording a batch's outcomes (and
+	// one lease renewal). A mark that fails or times out is retried at once
+	// with a fresh MarkTimeout and, failing that, the batch's runs are
+	// released (claimable again at once, published again) rather than left
+	// to the lease. A batch stops publishing MarkTimeout before its lease
+	// ends (if it cannot renew it) or before the context's deadline.
+	// Default 2s.
 	MarkTimeout time.Duration
 	// DeadlineMargin: Drain and Run start no claim when the context deadline is
 	// closer than this, so an invocation ends with nothing half-done. It must
@@ -122,7 +130,7 @@ func (c *DispatcherConfig) setDefaults() {
 	defd(&c.RetryFor, 24*time.Hour)
 	defd(&c.BackoffBase, time.Second)
 	defd(&c.BackoffCap, 5*time.Minute)
-	defd(&c.Lease, 60*time.Second)
+	defd(&c.Lease, 8*time.Second)
 	defd(&c.PublishTimeout, 20*time.Second)
 	defd(&c.MarkTimeout, 2*time.Second)
 	defd(&c.DeadlineMargin, 3*time.Second)
@@ -161,9 +169,11 @@ func (c DispatcherConfig) Validate() error {
 		return fmt.Errorf("Lease %s: must be at least 1s", c.Lease)
 	case c.PublishTimeout <= 0 || c.MarkTimeout <= 0:
 		return fmt.Errorf("PublishTimeout %s, MarkTimeout %s: must be positive", c.PublishTimeout, c.MarkTimeout)
-	case c.PublishTimeout+c.MarkTimeout >= c.Lease:
-		return fmt.Errorf("PublishTimeout %s + MarkTimeout %s: must be shorter than Lease %s, so a batch is published and recorded inside its lease",
-			c.PublishTimeout, c.MarkTimeout, c.Lease)
+	case c.MarkTimeout+time.Second >= c.Lease:
+		// PublishTimeout is not bounded by the lease: the lease is renewed
+		// while a batch publishes. It must leave room to renew it.
+		return fmt.Errorf("Lease %s: must exceed MarkTimeout %s + 1s, so a batch can renew its lease and record its outcomes inside it",
+			c.Lease, c.MarkTimeout)
 	case c.DeadlineMargin <= c.MarkTimeout:
 		return fmt.Errorf("DeadlineMargin %s: must exceed MarkTimeout %s, so the last batch before a deadline has time to publish", c.DeadlineMargin, c.MarkTimeout)
 	}
@@ -238,9 +248,10 @@ type Dispatcher struct {
 	cfg DispatcherConfig
 	log *slog.Logger
 
-	mu      sync.Mutex
-	rnd     *rand.Rand
-	latency time.Duration // moving average of one Publish call
+	mu        sync.Mutex
+	rnd       *rand.Rand
+	latency   time.Duration // moving average of one Publish call
+	claimTook time.Duration // recent claim statements' duration (see claimLease)
 
 	// dbSlots bounds this dispatcher's concurrent statements (claims and
 	// marks) to two: more batches may be publishing at once (Workers), but
@@ -248,6 +259,9 @@ type Dispatcher struct {
 	dbSlots chan struct{}
 
 	claimed, sent, retried, dead, released, lost atomic.Int64
+	// succeeded counts RunOnce calls that returned no error: Run's retry
+	// backoff starts over once one does.
+	succeeded atomic.Int64
 }
 
 // NewDispatcher returns a Dispatcher reading from db and publishing with pub.
@@ -305,25 +319,34 @@ type emptyHead struct {
 
 // RunOnce claims one batch, publishes it and records every outcome. Once a
 // batch is claimed it is finished even if ctx is cancelled (publishing and
-// marking use their own time limits, inside the lease and ctx's deadline),
-// so a stop never leaves rows half-done; a crash leaves them leased, and
-// they are claimed again after the lease.
+// marking use their own time limits, inside ctx's deadline), so a stop never
+// leaves rows half-done. While the batch is in hand its lease is renewed; a
+// crash leaves its runs leased until the last renewal's lease ends (Lease),
+// and they are claimed again then.
 func (d *Dispatcher) RunOnce(ctx context.Context) (BatchResult, error) {
 	if err := ctx.Err(); err != nil {
 		return BatchResult{}, err
 	}
 	token := uuid.New()
 	claimedAt := time.Now()
-	runs, empties, err := d.claim(ctx, token)
+	lease := d.claimLease()
+	runs, empties, err := d.claim(ctx, token, lease)
 	if err != nil {
 		return BatchResult{}, err
 	}
+	if len(runs) == 0 {
+		if len(empties) > 0 {
+			d.idle(ctx, empties)
+		}
+		return BatchResult{}, nil
+	}
+	keeper := d.keepLease(ctx, token, runs, claimedAt.Add(lease))
+	defer keeper.stop()
 	d.extend(ctx, token, runs)
 	if len(empties) > 0 {
-		d.idle(ctx, empties)
-	}
-	if len(runs) == 0 {
-		return BatchResult{}, nil
+		// After the batch is published: retiring empty heads is
+		// bookkeeping, and its statement slot may be behind a slow claim.
+		defer d.idle(ctx, empties)
 	}
 	res := BatchResult{Runs: len(runs)}
 	for _, r := range runs {
@@ -331,22 +354,23 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (BatchResult, error) {
 	}
 	d.claimed.Add(int64(res.Claimed))
 
-	work := context.WithoutCancel(ctx)
 	start := time.Now()
-	d.publishRuns(work, runs, d.publishDeadline(ctx, claimedAt))
+	d.publishRuns(keeper.publishing, runs, d.publishDeadline(ctx))
 	res.PublishDuration = time.Since(start)
 
 	m := markArgs{token: token}
 	for _, r := range runs {
 		m.add(d, r, claimedAt, &res)
 	}
-	marked, err := d.mark(work, m, d.markDeadline(ctx))
+	marked, retried, err := d.record(context.WithoutCancel(ctx), m, keeper)
 	if err != nil {
-		// Outcomes not recorded: the runs stay leased and are published again
-		// after the lease (duplicates, which SNS deduplicates by event id).
 		return res, err
 	}
-	res.Lost = len(runs) - int(marked)
+	if !retried {
+		// After a retried mark the count is not a loss: the first attempt
+		// may have recorded some runs before it timed out.
+		res.Lost = len(runs) - int(marked)
+	}
 	if res.Lost > 0 {
 		d.log.Warn("outbox claim lease expired before outcomes were recorded", "runs", res.Lost, "lease", d.cfg.Lease.String())
 	}
@@ -361,28 +385,162 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (BatchResult, error) {
 	return res, nil
 }
 
-// publishDeadline is when a batch claimed at claimedAt stops starting
-// Publish calls: MarkTimeout before its lease ends (its outcome is to be
-// recorded while the lease is its own; a second earlier, for clock drift
-// between this process and PostgreSQL) and MarkTimeout before ctx's
-// deadline (a Lambda invocation is killed at its deadline).
-func (d *Dispatcher) publishDeadline(ctx context.Context, claimedAt time.Time) time.Time {
-	end := claimedAt.Add(d.cfg.Lease - time.Second)
-	if dl, ok := ctx.Deadline(); ok {
-		end = minTime(end, dl.Add(-returnMargin))
+// publishDeadline is when a batch stops starting Publish calls because of
+// ctx's deadline: MarkTimeout before it (a Lambda invocation is killed at
+// its deadline, and the outcomes are to be recorded before). Zero if ctx has
+// no deadline. (The lease bounds a batch only when it cannot be renewed: see
+// leaseKeeper.)
+func (d *Dispatcher) publishDeadline(ctx context.Context) time.Time {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return time.Time{}
 	}
-	return end.Add(-d.cfg.MarkTimeout)
+	return dl.Add(-returnMargin - d.cfg.MarkTimeout)
 }
 
-// markDeadline bounds recording a batch's outcomes: MarkTimeout from now,
-// and never past ctx's deadline. (Past the lease is no reason not to try:
-// the claim token decides whether the outcome is still this batch's.)
-func (d *Dispatcher) markDeadline(ctx context.Context) time.Time {
+// statementDeadline bounds one statement recording or renewing a batch:
+// MarkTimeout from now, and never past ctx's deadline.
+func (d *Dispatcher) statementDeadline(ctx context.Context) time.Time {
 	end := time.Now().Add(d.cfg.MarkTimeout)
 	if dl, ok := ctx.Deadline(); ok {
 		end = minTime(end, dl.Add(-returnMargin))
 	}
 	return end
+}
+
+// leaseMargin is how long before its lease ends a batch that could not renew
+// it stops publishing: MarkTimeout to record the outcomes, and a second for
+// clock drift between this process and PostgreSQL (the lease's end is
+// PostgreSQL's now() plus Lease).
+func (d *Dispatcher) leaseMargin() time.Duration { return time.Second + d.cfg.MarkTimeout }
+
+// renewEvery is the interval between lease renewals: two chances to renew
+// before a batch would have to stop publishing.
+func (d *Dispatcher) renewEvery() time.Duration { return (d.cfg.Lease - d.leaseMargin()) / 2 }
+
+// errLeaseEnding cancels a batch's publishing when its lease could not be
+// renewed and ends within leaseMargin.
+var errLeaseEnding = errors.New("outbox: claim lease could not be renewed; batch stops publishing")
+
+// leaseKeeper renews one batch's lease (outbox_extend_lease) from claim
+// until its outcomes are recorded, so runs of a live dispatcher stay its own
+// however long publishing takes, while a dispatcher that crashed or lost its
+// database loses them Lease after its last renewal. If renewals fail, it
+// cancels publishing (the publishing context) leaseMargin before the lease
+// it holds ends, so the outcomes can still be recorded inside it.
+//
+// Renewals do not wait for the dispatcher's two statement slots (dbSlots):
+// they are rare (none for a batch shorter than renewEvery), a primary-key
+// update per run, and must not queue behind the claims they keep valid.
+type leaseKeeper struct {
+	d          *Dispatcher
+	ctx        context.Context // for its deadline; never cancelled
+	token      uuid.UUID
+	types, ids []string
+	publishing context.Context
+	cancel     context.CancelCauseFunc
+	quit, done chan struct{}
+	recording  atomic.Bool // the batch's outcomes are being recorded
+}
+
+// claimLease is the lease a claim asks for: Lease, plus twice what claims
+// have been taking (at most PublishTimeout). The lease starts when the claim
+// statement does, so a claim slowed down (a long transaction elsewhere keeps
+// dead row versions in its way) would otherwise hand back runs whose lease
+// is nearly over, for another claim to take again; and a crash right after
+// a claim costs a wait of Lease only when claims are fast.
+func (d *Dispatcher) claimLease() time.Duration {
+	d.mu.Lock()
+	took := d.claimTook
+	d.mu.Unlock()
+	return d.cfg.Lease + min(2*took, d.cfg.PublishTimeout)
+}
+
+func (d *Dispatcher) observeClaim(took time.Duration) {
+	d.mu.Lock()
+	d.claimTook = max(took, (3*d.claimTook+took)/4) // rises at once, decays slowly
+	d.mu.Unlock()
+}
+
+func (d *Dispatcher) keepLease(ctx context.Context, token uuid.UUID, runs []*run, leaseEnd time.Time) *leaseKeeper {
+	k := &leaseKeeper{d: d, ctx: context.WithoutCancel(ctx), token: token,
+		types: make([]string, len(runs)), ids: make([]string, len(runs)),
+		quit: make(chan struct{}), done: make(chan struct{})}
+	for i, r := range runs {
+		k.types[i], k.ids[i] = r.typ, r.id
+	}
+	k.publishing, k.cancel = context.WithCancelCause(k.ctx)
+	go k.loop(leaseEnd)
+	return k
+}
+
+// stop ends renewals; the lease then runs its course (the batch's outcomes
+// are recorded, or its runs released, by then).
+func (k *leaseKeeper) stop() {
+	select {
+	case <-k.quit:
+	default:
+		close(k.quit)
+	}
+	<-k.done
+	k.cancel(nil)
+}
+
+func (k *leaseKeeper) loop(end time.Time) { // end: the lease held, as this process' clock sees it
+	defer close(k.done)
+	d := k.d
+	next := end.Add(-d.cfg.Lease + d.renewEvery())
+	t := time.NewTimer(time.Until(next))
+	defer t.Stop()
+	warned := false
+	for {
+		select {
+		case <-k.quit:
+			return
+		case <-t.C:
+		}
+		if !time.Now().Before(next) {
+			start := time.Now()
+			n, err := k.renew()
+			switch {
+			case err != nil:
+				d.log.Warn("outbox: renewing a batch's lease failed; will retry", "runs", len(k.ids), "error", err.Error())
+			default:
+				end = start.Add(d.cfg.Lease)
+				// Once the outcomes are being recorded, a head the mark
+				// released is no loss.
+				if int(n) < len(k.ids) && !warned && !k.recording.Load() {
+					warned = true
+					d.log.Warn("outbox: some runs' lease had expired and was claimed again", "runs", len(k.ids)-int(n))
+				}
+			}
+			next = time.Now().Add(d.renewEvery())
+		}
+		cut := end.Add(-d.leaseMargin())
+		if !time.Now().Before(cut) && k.publishing.Err() == nil {
+			d.log.Warn("outbox: batch lease ending unrenewed; publishing stops", "runs", len(k.ids))
+			k.cancel(errLeaseEnding)
+		}
+		wake := next
+		if k.publishing.Err() == nil {
+			wake = minTime(wake, cut)
+		}
+		t.Reset(max(time.Until(wake), time.Millisecond))
+	}
+}
+
+func (k *leaseKeeper) renew() (int64, error) {
+	end := k.d.statementDeadline(k.ctx)
+	if !time.Now().Before(end) {
+		return 0, errors.New("no time left before the deadline")
+	}
+	rctx, cancel := context.WithDeadline(k.ctx, end)
+	defer cancel()
+	var n int64
+	if err := k.d.db.QueryRow(rctx, sqlExtendLease, k.token, k.types, k.ids, k.d.cfg.Lease.Milliseconds()).Scan(&n); err != nil {
+		return 0, fmt.Errorf("renew lease: %w", err)
+	}
+	return n, nil
 }
 
 // returnMargin is kept before a context's deadline to return a Lambda
@@ -437,6 +595,9 @@ func (d *Dispatcher) Drain(ctx context.Context) error {
 				mu.Unlock()
 
 				res, err := d.RunOnce(ctx)
+				if err == nil {
+					d.succeeded.Add(1)
+				}
 
 				mu.Lock()
 				busy--
@@ -473,15 +634,22 @@ func (d *Dispatcher) Drain(ctx context.Context) error {
 
 // Run polls until ctx is done or its deadline is closer than DeadlineMargin:
 // it drains, sleeps PollInterval, and drains again. Errors (database or
-// broker down) are logged and retried with backoff; Run returns nil when it
-// stops. This is what the scheduled Lambda calls.
+// broker down) are logged and retried with backoff, which starts over once
+// a batch succeeds (a claim that found nothing due, or a batch claimed and
+// recorded): a database that comes back between failures (connections
+// killed now and then) is not waited for as if it had been down all along.
+// Run returns nil when it stops. This is what the scheduled Lambda calls.
 func (d *Dispatcher) Run(ctx context.Context) error {
 	stopAt, hasDeadline := d.stopAt(ctx)
 	failures := 0
 	for {
+		before := d.succeeded.Load()
 		err := d.Drain(ctx)
 		wait := d.cfg.PollInterval
 		if err != nil {
+			if d.succeeded.Load() != before {
+				failures = 0
+			}
 			failures++
 			wait = min(d.cfg.PollInterval<<min(failures, 8), 5*time.Second)
 			d.log.Warn("outbox dispatch failed; will retry", "error", err.Error(), "retry_in", wait.String())
@@ -615,7 +783,7 @@ func (d *Dispatcher) observeLatency(took time.Duration) {
 
 // claim takes the next batch: runs in claim order, and heads that turned out
 // to have nothing to publish.
-func (d *Dispatcher) claim(ctx context.Context, token uuid.UUID) ([]*run, []emptyHead, error) {
+func (d *Dispatcher) claim(ctx context.Context, token uuid.UUID, lease time.Duration) ([]*run, []emptyHead, error) {
 	select {
 	case d.dbSlots <- struct{}{}:
 	case <-ctx.Done(): // nothing claimed yet: stopping now leaves nothing half-done
@@ -633,11 +801,15 @@ func (d *Dispatcher) claim(ctx context.Context, token uuid.UUID) ([]*run, []empt
 	}
 	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), end)
 	defer cancel()
-	rows, err := d.db.Query(cctx, sqlClaim, d.cfg.BatchSize, d.runLimit(), token, d.cfg.Lease.Milliseconds(), d.cfg.MaxWakeups)
+	start := time.Now()
+	rows, err := d.db.Query(cctx, sqlClaim, d.cfg.BatchSize, d.runLimit(), token, lease.Milliseconds(), d.cfg.MaxWakeups)
 	if err != nil {
 		return nil, nil, fmt.Errorf("claim batch: %w", err)
 	}
-	defer rows.Close()
+	defer func() {
+		rows.Close()
+		d.observeClaim(time.Since(start))
+	}()
 	var (
 		runs    []*run
 		empties []emptyHead
@@ -720,19 +892,21 @@ func (d *Dispatcher) idle(ctx context.Context, heads []emptyHead) {
 // publishRuns publishes every run in order: wave k sends the k-th event of
 // each run whose earlier events were all acknowledged, PublishBatchSize
 // aggregates per call, PublishConcurrency calls at once. No call starts
-// after deadline; what is left is released, unattempted.
+// after deadline (zero: none) or once ctx is done (the batch's lease could
+// not be renewed); what is left is released, unattempted.
 //
 // The waves run in a goroutine of their own, watched: if they are still
-// running a moment after the deadline (a publisher that ignores its
-// context), the batch stops waiting; the events of the calls in flight
-// count as retryable failures (ErrPublishAbandoned). If such a call does
-// publish later, the copy is one the broker deduplicates (same event id),
-// because the retry goes out first.
+// running a moment after the deadline or ctx's end (a publisher that
+// ignores its context), the batch stops waiting; the events of the calls in
+// flight count as retryable failures (ErrPublishAbandoned). If such a call
+// does publish later, the copy is one the broker deduplicates (same event
+// id), because the retry goes out first.
 func (d *Dispatcher) publishRuns(ctx context.Context, runs []*run, deadline time.Time) {
 	var (
 		mu        sync.Mutex
 		abandoned bool
-		inFlight  []*run // the wave being published
+		inFlight  []*run    // the wave being published
+		waveStart time.Time // when inFlight's calls started
 	)
 	done := make(chan struct{})
 	go func() {
@@ -740,11 +914,11 @@ func (d *Dispatcher) publishRuns(ctx context.Context, runs []*run, deadline time
 		live := append([]*run(nil), runs...) // filtered in place below; runs is the caller's
 		for wave := 0; len(live) > 0; wave++ {
 			mu.Lock()
-			if abandoned || !time.Now().Before(deadline) {
+			if abandoned || ctx.Err() != nil || (!deadline.IsZero() && !time.Now().Before(deadline)) {
 				mu.Unlock()
 				return
 			}
-			inFlight = live
+			inFlight, waveStart = live, time.Now()
 			mu.Unlock()
 			msgs := make([]Message, len(live))
 			for i, r := range live {
@@ -771,18 +945,55 @@ func (d *Dispatcher) publishRuns(ctx context.Context, runs []*run, deadline time
 			mu.Unlock()
 		}
 	}()
-	grace := time.NewTimer(time.Until(deadline) + d.abandonGrace())
-	defer grace.Stop()
-	select {
-	case <-done:
-	case <-grace.C:
+	abandon := func() {
 		mu.Lock()
 		abandoned = true
 		for _, r := range inFlight {
 			r.err = ErrPublishAbandoned
 		}
+		n := len(inFlight)
 		mu.Unlock()
-		d.log.Warn("outbox: publish calls overran the batch's deadline; abandoned, their events will be retried", "aggregates", len(inFlight))
+		d.log.Warn("outbox: publish calls overran the batch's deadline; abandoned, their events will be retried", "aggregates", n)
+	}
+	var graceC <-chan time.Time
+	if !deadline.IsZero() {
+		grace := time.NewTimer(time.Until(deadline) + d.abandonGrace())
+		defer grace.Stop()
+		graceC = grace.C
+	}
+	// A wave whose calls overrun PublishTimeout (a publisher ignoring its
+	// context) is abandoned too: the lease is renewed meanwhile, so nothing
+	// else would end the batch.
+	stuck := time.NewTimer(d.cfg.PublishTimeout + d.abandonGrace())
+	defer stuck.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-graceC:
+			abandon()
+			return
+		case <-ctx.Done():
+			cut := time.NewTimer(d.abandonGrace())
+			defer cut.Stop()
+			select {
+			case <-done:
+			case <-graceC:
+				abandon()
+			case <-cut.C:
+				abandon()
+			}
+			return
+		case <-stuck.C:
+			mu.Lock()
+			overdue := waveStart.Add(d.cfg.PublishTimeout + d.abandonGrace())
+			mu.Unlock()
+			if !time.Now().Before(overdue) {
+				abandon()
+				return
+			}
+			stuck.Reset(time.Until(overdue))
+		}
 	}
 }
 
@@ -822,7 +1033,11 @@ var ErrPublishAbandoned = errors.New("outbox: publish call did not return by its
 // panics or returns the wrong number of results fails the call (retryable)
 // instead of killing the dispatcher mid-batch.
 func (d *Dispatcher) call(ctx context.Context, chunk []Message, deadline time.Time) (errs []error) {
-	pctx, cancel := context.WithDeadline(ctx, minTime(time.Now().Add(d.cfg.PublishTimeout), deadline))
+	end := time.Now().Add(d.cfg.PublishTimeout)
+	if !deadline.IsZero() {
+		end = minTime(end, deadline)
+	}
+	pctx, cancel := context.WithDeadline(ctx, end)
 	defer cancel()
 	start := time.Now()
 	defer func() {
@@ -908,33 +1123,62 @@ func (a *markArgs) add(d *Dispatcher, r *run, claimedAt time.Time, res *BatchRes
 	a.failIDs = append(a.failIDs, failID)
 }
 
-// mark records outcomes, retrying until deadline: a lost mark means the
-// runs are published again after their lease (duplicates).
-func (d *Dispatcher) mark(ctx context.Context, a markArgs, deadline time.Time) (int64, error) {
-	var lastErr error
-	for attempt := 0; ; attempt++ {
-		if attempt > 0 {
-			pause := time.Duration(attempt*attempt) * 50 * time.Millisecond
-			if time.Until(deadline) < pause+100*time.Millisecond {
-				return 0, fmt.Errorf("record publish outcomes: %w", lastErr)
-			}
-			time.Sleep(pause)
-		}
-		d.dbSlots <- struct{}{}
-		mctx, cancel := context.WithDeadline(ctx, deadline)
-		var n int64
-		err := d.db.QueryRow(mctx, sqlMark, a.token, a.types, a.ids, a.wakes, a.nextSeqs, a.outcomes, a.delays,
-			a.errs, a.failIDs, a.sent).Scan(&n)
-		cancel()
-		<-d.dbSlots
-		if err == nil {
-			return n, nil
-		}
-		lastErr = err
-		if time.Until(deadline) <= 0 {
-			return 0, fmt.Errorf("record publish outcomes: %w", lastErr)
-		}
+// record records a batch's outcomes (outbox_mark_runs). A mark that fails or
+// times out is retried at once with a fresh MarkTimeout (the first attempt
+// may have been cut off by a slow server rather than refused; the token
+// keeps a second recording from applying twice); if that fails too, the runs
+// are released (outbox_release_runs): claimable again at once, so no batch
+// waits out its lease because its outcomes could not be written. Released
+// runs are published again (their acknowledged events twice; brokers and
+// the inbox drop the copies by event id). The lease is renewed meanwhile.
+// retried says whether the mark needed its second attempt.
+func (d *Dispatcher) record(ctx context.Context, a markArgs, lease *leaseKeeper) (marked int64, retried bool, err error) {
+	lease.recording.Store(true)
+	n, err := d.mark(ctx, a)
+	if err == nil {
+		return n, false, nil
 	}
+	d.log.Warn("outbox: recording a batch's outcomes failed; retrying at once", "runs", len(a.ids), "error", err.Error())
+	n, err2 := d.mark(ctx, a)
+	if err2 == nil {
+		return n, true, nil
+	}
+	lease.stop() // no renewal may follow the release
+	released, err3 := d.release(ctx, a)
+	if err3 != nil {
+		return 0, true, fmt.Errorf("record publish outcomes: %w; release runs: %w (they are claimed again when their lease ends)",
+			errors.Join(err, err2), err3)
+	}
+	d.log.Warn("outbox: outcomes not recorded; runs released, to be published again", "runs", released, "error", err2.Error())
+	return 0, true, fmt.Errorf("record publish outcomes (runs released): %w", errors.Join(err, err2))
+}
+
+// mark runs outbox_mark_runs once, within statementDeadline.
+func (d *Dispatcher) mark(ctx context.Context, a markArgs) (int64, error) {
+	d.dbSlots <- struct{}{}
+	defer func() { <-d.dbSlots }()
+	mctx, cancel := context.WithDeadline(ctx, d.statementDeadline(ctx))
+	defer cancel()
+	var n int64
+	if err := d.db.QueryRow(mctx, sqlMark, a.token, a.types, a.ids, a.wakes, a.nextSeqs, a.outcomes, a.delays,
+		a.errs, a.failIDs, a.sent).Scan(&n); err != nil {
+		return 0, fmt.Errorf("record publish outcomes: %w", err)
+	}
+	return n, nil
+}
+
+// release gives a batch's runs back unrecorded (outbox_release_runs), within
+// statementDeadline.
+func (d *Dispatcher) release(ctx context.Context, a markArgs) (int64, error) {
+	d.dbSlots <- struct{}{}
+	defer func() { <-d.dbSlots }()
+	rctx, cancel := context.WithDeadline(ctx, d.statementDeadline(ctx))
+	defer cancel()
+	var n int64
+	if err := d.db.QueryRow(rctx, sqlReleaseRuns, a.token, a.types, a.ids).Scan(&n); err != nil {
+		return 0, fmt.Errorf("release runs: %w", err)
+	}
+	return n, nil
 }
 
 func (d *Dispatcher) jitter(ceiling time.Duration) time.Duration {

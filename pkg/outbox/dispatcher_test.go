@@ -412,8 +412,8 @@ func TestRunRespectsDeadlineMargin(t *testing.T) {
 }
 
 // A claim whose lease expired belongs to whoever re-claimed it: a slow
-// dispatcher's late outcome (its database write held up past the lease) is
-// discarded, and the re-claim's stands.
+// dispatcher's late outcome (its database writes, lease renewals included,
+// held up past the lease) is discarded, and the re-claim's stands.
 func TestExpiredLeaseOutcomeIsDiscarded(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
@@ -443,14 +443,15 @@ func TestExpiredLeaseOutcomeIsDiscarded(t *testing.T) {
 	}
 }
 
-// slowMarkDB holds every outcome write until release is closed.
+// slowMarkDB holds every outcome write and lease renewal until release is
+// closed.
 type slowMarkDB struct {
 	outbox.DB
 	release chan struct{}
 }
 
 func (s *slowMarkDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if strings.Contains(sql, "outbox_mark_runs") {
+	if strings.Contains(sql, "outbox_mark_runs") || strings.Contains(sql, "outbox_extend_lease") {
 		<-s.release
 	}
 	return s.DB.QueryRow(context.WithoutCancel(ctx), sql, args...)
@@ -487,6 +488,7 @@ func TestStatsOldestPendingAge(t *testing.T) {
 	db := pgtest.New(t)
 	ctx := context.Background()
 	st, err := outbox.Stats(ctx, db.Pool)
+	st.OldestTransactionAge = 0 // other tests' sessions share the server
 	if err != nil || st != (outbox.Backlog{}) {
 		t.Fatalf("empty stats = %+v, %v", st, err)
 	}
@@ -506,20 +508,25 @@ func TestStatsOldestPendingAge(t *testing.T) {
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
 	cases := map[string]outbox.DispatcherConfig{
-		"batch":               {BatchSize: -1},
-		"publish10+":          {PublishBatchSize: 11},
-		"cap<base":            {BackoffBase: time.Minute, BackoffCap: time.Second},
-		"timeout>=lease":      {Lease: 5 * time.Second, PublishTimeout: 5 * time.Second},
-		"publish+mark>=lease": {Lease: 5 * time.Second, PublishTimeout: 3 * time.Second, MarkTimeout: 2 * time.Second},
-		"margin<=mark":        {DeadlineMargin: time.Second, MarkTimeout: time.Second},
-		"run>batch":           {BatchSize: 10, MaxRun: 11},
-		"retryFor<cap":        {BackoffCap: time.Hour, RetryFor: time.Minute},
-		"attempts<0":          {MaxAttempts: -1},
+		"batch":          {BatchSize: -1},
+		"publish10+":     {PublishBatchSize: 11},
+		"cap<base":       {BackoffBase: time.Minute, BackoffCap: time.Second},
+		"lease<=mark+1s": {Lease: 3 * time.Second, MarkTimeout: 2 * time.Second},
+		"lease<1s":       {Lease: 500 * time.Millisecond, MarkTimeout: 100 * time.Millisecond},
+		"margin<=mark":   {DeadlineMargin: time.Second, MarkTimeout: time.Second},
+		"run>batch":      {BatchSize: 10, MaxRun: 11},
+		"retryFor<cap":   {BackoffCap: time.Hour, RetryFor: time.Minute},
+		"attempts<0":     {MaxAttempts: -1},
 	}
 	for name, cfg := range cases {
 		if _, err := outbox.NewDispatcher(nopDB{}, &outboxtest.Recorder{}, cfg); err == nil {
 			t.Errorf("%s: config accepted", name)
 		}
+	}
+	// The lease is renewed while a batch publishes: a Publish call may
+	// take longer than the lease.
+	if _, err := outbox.NewDispatcher(nopDB{}, &outboxtest.Recorder{}, outbox.DispatcherConfig{Lease: 5 * time.Second, PublishTimeout: time.Minute}); err != nil {
+		t.Errorf("PublishTimeout beyond the lease refused: %v", err)
 	}
 }
 

@@ -165,3 +165,17 @@ const (
 	sqlDiscardDead  = `SELECT outbox_discard_dead($1::uuid[], $2::text, $3::timestamptz, $4::timestamptz, $5::text)`
 	sqlRebuildHeads = `SELECT outbox_rebuild_heads()`
 )
+
+// sqlExtendLease renews a batch's lease (outbox_extend_lease,
+// migrations/00035_outbox_lease_renewal.sql): $1 token, $2 types, $3 ids,
+// $4 lease in milliseconds. Returns how many heads the token still holds.
+const sqlExtendLease = `SELECT outbox_extend_lease($1::uuid, $2::text[], $3::text[], $4::bigint)`
+
+// sqlReleaseRuns gives a batch's heads back unrecorded, claimable at once
+// (outbox_release_runs): $1 token, $2 types, $3 ids.
+const sqlReleaseRuns = `SELECT outbox_release_runs($1::uuid, $2::text[], $3::text[])`
+
+// sqlOldestTransaction reads the age in seconds of the oldest transaction
+// holding back vacuum on the server, and whether every session was visible
+// (fifobox_oldest_transaction, migrations/00035).
+const sqlOldestTransaction = `SELECT age_seconds, sees_all FROM fifobox_oldest_transaction()`

@@ -35,6 +35,16 @@ type Backlog struct {
 	ParkedAggregates int64
 	// OldestPendingAge is how long the oldest pending event has waited (publish lag); 0 if none.
 	OldestPendingAge time.Duration
+	// OldestTransactionAge is how long the oldest transaction holding back
+	// vacuum has been open on the server, in any database of the cluster
+	// (fifobox_oldest_transaction, migrations/00035): while it lasts, the
+	// dead row versions every event leaves are kept, and claims slow down.
+	// 0 if none.
+	OldestTransactionAge time.Duration
+	// OldestTransactionPartial says OldestTransactionAge covers only the
+	// sessions of the migration owner's role: the owner of
+	// fifobox_oldest_transaction lacks pg_read_all_stats.
+	OldestTransactionPartial bool
 }
 
 // Stats reads the current backlog.
@@ -48,6 +58,13 @@ func Stats(ctx context.Context, db DB) (Backlog, error) {
 	}
 	b.OldestPendingAge = seconds(age)
 	b.OldestDueAge = seconds(dueAge)
+	var txAge float64
+	var seesAll bool
+	if err := db.QueryRow(ctx, sqlOldestTransaction).Scan(&txAge, &seesAll); err != nil {
+		return Backlog{}, fmt.Errorf("outbox stats: oldest transaction: %w", err)
+	}
+	b.OldestTransactionAge = seconds(&txAge)
+	b.OldestTransactionPartial = !seesAll
 	return b, nil
 }
 

@@ -59,7 +59,7 @@ SELECT 'order', aggregate_id, max(aggregate_seq) FROM outbox WHERE state <> 'sen
 			want := Backlog{Pending: 7, DueEvents: 3, BackingOffEvents: 3, ParkedEvents: 3, RetryingAggregates: 1,
 				InFlight: 1, Dead: 2, ParkedAggregates: 2}
 			got := b
-			got.OldestPendingAge, got.OldestDueAge = 0, 0
+			got.OldestPendingAge, got.OldestDueAge, got.OldestTransactionAge = 0, 0, 0
 			if got != want {
 				t.Errorf("stats %+v;\nwant %+v", got, want)
 			}
@@ -99,5 +99,35 @@ SELECT 'order', aggregate_id, max(aggregate_seq) FROM outbox WHERE state <> 'sen
 				t.Errorf("stats read %.0f rows (%v); want only those of the 9 unsent events and 5 busy aggregates, not the %d sent", read, scans, sent)
 			}
 		})
+	}
+}
+
+// Stats reports the server's oldest transaction that holds back vacuum,
+// whoever holds it: here another session that took a transaction id.
+func TestStatsOldestTransactionAge(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	holder, err := db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release()
+	tx, err := holder.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // the test's held transaction
+	if _, err := tx.Exec(ctx, "SELECT txid_current()"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	st, err := Stats(ctx, db.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Other tests' sessions share the server: older ones may be reported.
+	if st.OldestTransactionAge < 1500*time.Millisecond || st.OldestTransactionPartial {
+		t.Fatalf("oldest transaction %s (partial %v); want at least the 1.5 s one held here, seen whole", st.OldestTransactionAge, st.OldestTransactionPartial)
 	}
 }

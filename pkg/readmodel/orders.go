@@ -10,6 +10,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/inbox"
@@ -42,6 +43,63 @@ ON CONFLICT (order_id) DO UPDATE SET
     last_sequence = GREATEST(orders_read_model.last_sequence, EXCLUDED.last_sequence),
     event_count = orders_read_model.event_count + 1, updated_at = now()`
 )
+
+// sqlSetup creates the read model (the demo's table, not fifobox's: no
+// migration creates it) and lets fifobox's consumer role write it.
+const sqlSetup = `
+CREATE TABLE IF NOT EXISTS orders_read_model (
+    order_id      text        PRIMARY KEY,
+    customer_id   text        NOT NULL DEFAULT '',
+    amount_cents  bigint      NOT NULL DEFAULT 0,
+    currency      text        NOT NULL DEFAULT '',
+    status        text        NOT NULL,
+    last_sequence bigint      NOT NULL,
+    event_count   integer     NOT NULL,
+    updated_at    timestamptz NOT NULL DEFAULT now()
+);
+DO $grant$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'fifobox_consumer') THEN
+        GRANT SELECT, INSERT, UPDATE, DELETE ON orders_read_model TO fifobox_consumer;
+    END IF;
+END
+$grant$`
+
+// Setup creates the orders_read_model table if it does not exist (in the
+// connection's current schema) and grants fifobox_consumer its use: what the
+// demo (make local, the example consumer) runs before its consumers start.
+// It needs the right to create tables there; an existing table is kept as
+// it is.
+func Setup(ctx context.Context, db interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}) error {
+	if _, err := db.Exec(ctx, sqlSetup); err != nil {
+		return fmt.Errorf("readmodel: create orders_read_model: %w", err)
+	}
+	return nil
+}
+
+// Ensure is Setup when the table is missing (a consumer's own role may
+// not create tables: an existing table needs no rights beyond its use).
+func Ensure(ctx context.Context, db interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}) error {
+	var exists bool
+	if err := db.QueryRow(ctx, `SELECT to_regclass('orders_read_model') IS NOT NULL`).Scan(&exists); err != nil {
+		return fmt.Errorf("readmodel: look for orders_read_model: %w", err)
+	}
+	if exists {
+		return nil
+	}
+	if err := Setup(ctx, db); err != nil {
+		return fmt.Errorf("the example consumer's table is missing and cannot be created here (create it as the schema's owner: readmodel.Setup, or the redrive function's migrate): %w", err)
+	}
+	return nil
+}
+
+// Projection is the consumer whose side effect is the read model.
+const Projection = "orders-projection"
 
 // Apply updates the read model from one event. Non-order events and unknown
 // order event types are ignored (still recorded in the inbox). A payload
@@ -86,7 +144,7 @@ func Acknowledge(context.Context, pgx.Tx, envelope.Envelope) error { return nil 
 // acknowledge. One binary serves every consumer function this way; a real
 // service would usually build one function per side effect.
 func ForConsumer(name string) inbox.Apply {
-	if name == "orders-projection" {
+	if name == Projection {
 		return Apply
 	}
 	return Acknowledge

@@ -2,11 +2,11 @@ package redrive
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fifobox/fifobox/pkg/transport"
@@ -211,13 +211,16 @@ WHERE rn <= $3 ORDER BY group_id, position`, consumer, groups, heldShown)
 	return out, rows.Err()
 }
 
-// dlqDiscard deletes the chosen messages from the DLQ for good, then ends
-// their part in strict order's holds: the discarded messages' inbox_held
-// rows go (for a discarded group, all of the group's rows), so the group's
-// remaining messages apply in order when redriven, the next one first.
-// The DLQ's messages are deleted before the rows: a crash in between
-// leaves the group held behind a message that is gone (status shows it;
-// release-holds ends it), never a later event applied before an earlier one.
+// dlqDiscard deletes the chosen messages from the DLQ for good, then, in
+// one transaction, marks their events handled for the consumer (an inbox
+// row with outcome 'discarded': a later replay or copy of them is a
+// duplicate, never applied) and ends their part in strict order's holds:
+// the discarded messages' inbox_held rows go (for a discarded group, all
+// of the group's rows), so the group's remaining messages apply in order
+// when redriven, the next one first. The DLQ's messages are deleted before
+// the rows: a crash in between leaves the group held behind a message that
+// is gone (status shows it; release-holds ends it), never a later event
+// applied before an earlier one.
 func (s *Service) dlqDiscard(ctx context.Context, cmd Command) (Result, error) {
 	res := Result{Operation: cmd.Operation, DryRun: cmd.DryRun}
 	ops, err := s.ops(cmd.Consumer)
@@ -244,11 +247,11 @@ func (s *Service) dlqDiscard(ctx context.Context, cmd Command) (Result, error) {
 	}
 	exact := d.Complete
 	res.Exact = &exact
-	released := int64(0)
-	if opErr == nil && !cmd.DryRun && len(d.Discarded) > 0 && cmd.From != SourceSubscriptionDLQ {
-		released, opErr = s.releaseDiscarded(ctx, cmd, d.Discarded)
+	var released, marked int64
+	if opErr == nil && !cmd.DryRun && len(d.Discarded) > 0 {
+		marked, released, opErr = s.settleDiscarded(ctx, cmd, d.Discarded)
 		if opErr != nil {
-			opErr = fmt.Errorf("the messages are deleted, but their holds were not released (run release-holds for their groups): %w", opErr)
+			opErr = fmt.Errorf("the messages are deleted, but they were not marked handled and their holds not released (run release-holds for their groups): %w", opErr)
 		}
 	}
 	if opErr == nil && len(d.Missing) > 0 {
@@ -265,6 +268,9 @@ func (s *Service) dlqDiscard(ctx context.Context, cmd Command) (Result, error) {
 		verb = "would discard"
 	}
 	res.Message = fmt.Sprintf("%s %d messages from %s of %s", verb, len(d.Discarded), cmd.fromText(), cmd.Consumer)
+	if marked > 0 {
+		res.Message += fmt.Sprintf("; %d events marked handled for %s (a replay does not apply them)", marked, cmd.Consumer)
+	}
 	if released > 0 {
 		res.Message += fmt.Sprintf("; %d held rows released (their groups' remaining messages apply in order when redriven)", released)
 	}
@@ -277,10 +283,16 @@ func (s *Service) dlqDiscard(ctx context.Context, cmd Command) (Result, error) {
 	return res, nil
 }
 
-// releaseDiscarded deletes the discarded messages' inbox_held rows, and all
-// rows of the groups discarded whole.
-func (s *Service) releaseDiscarded(ctx context.Context, cmd Command, msgs []transport.DLQMessage) (int64, error) {
+// settleDiscarded records the discarded messages' events in the
+// consumer's inbox with outcome 'discarded' (messages that are not valid
+// envelopes have no event id, and nothing can apply them anyway) and, for
+// the consumer queue's DLQ, deletes their inbox_held rows and all rows of
+// the groups discarded whole, in one transaction: the group's hold moves
+// to its next message exactly when the discarded one counts as handled.
+func (s *Service) settleDiscarded(ctx context.Context, cmd Command, msgs []transport.DLQMessage) (marked, released int64, err error) {
 	groups, keys := []string{}, []string{}
+	ids, types, aggs := []string{}, []string{}, []string{}
+	seqs := []int64{}
 	whole := []string{}
 	sel := transport.DLQSelection{Groups: cmd.Groups, Aggregates: cmd.Aggregates}
 	for _, m := range msgs {
@@ -288,21 +300,36 @@ func (s *Service) releaseDiscarded(ctx context.Context, cmd Command, msgs []tran
 		if !sel.All() && sel.Matches(m) {
 			whole = append(whole, m.Group)
 		}
+		if _, perr := uuid.Parse(m.Key); perr == nil {
+			ids, types, aggs, seqs = append(ids, m.Key), append(types, m.AggregateType), append(aggs, m.Group), append(seqs, m.Sequence)
+		}
 	}
-	var n int64
-	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `DELETE FROM inbox_held h USING unnest($2::text[], $3::text[]) AS d(g, k)
+	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `INSERT INTO inbox (consumer, event_id, aggregate_type, aggregate_id, sequence, outcome)
+SELECT $1, d.id::uuid, d.t, d.a, d.s, 'discarded' FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[]) AS d(id, t, a, s)
+ON CONFLICT (consumer, event_id) DO NOTHING`, cmd.Consumer, ids, types, aggs, seqs)
+		if err != nil {
+			return fmt.Errorf("mark handled: %w", err)
+		}
+		marked = tag.RowsAffected()
+		if cmd.From == SourceSubscriptionDLQ {
+			return nil // SNS never delivered them to the consumer: nothing holds a group
+		}
+		tag, err = tx.Exec(ctx, `DELETE FROM inbox_held h USING unnest($2::text[], $3::text[]) AS d(g, k)
 WHERE h.consumer = $1 AND h.group_id = d.g AND h.message_key = d.k`, cmd.Consumer, groups, keys)
 		if err != nil {
-			return err
+			return fmt.Errorf("release holds: %w", err)
 		}
-		n = tag.RowsAffected()
+		released = tag.RowsAffected()
 		tag, err = tx.Exec(ctx, `DELETE FROM inbox_held WHERE consumer = $1 AND group_id = ANY($2::text[])`, cmd.Consumer, whole)
-		n += tag.RowsAffected()
-		return err
+		if err != nil {
+			return fmt.Errorf("release holds: %w", err)
+		}
+		released += tag.RowsAffected()
+		return nil
 	})
 	if err != nil {
-		return 0, errors.Join(fmt.Errorf("release holds: %w", err))
+		return 0, 0, err
 	}
-	return n, nil
+	return marked, released, nil
 }

@@ -74,6 +74,12 @@ type OutboxStatus struct {
 	// OldestPendingAge is the oldest unsent event's age (dead, parked and
 	// backing-off ones included).
 	OldestPendingAge Duration `json:"oldest_pending_age_seconds"`
+	// OldestTransactionAge is how long the server's oldest transaction
+	// holding back vacuum has been open (any database of the cluster);
+	// OldestTransactionPartial: only the migration owner's sessions were
+	// visible (see outbox.Backlog).
+	OldestTransactionAge     Duration `json:"oldest_transaction_age_seconds"`
+	OldestTransactionPartial bool     `json:"oldest_transaction_partial,omitempty"`
 }
 
 // QueuesStatus is each consumer's queue figures.
@@ -135,6 +141,11 @@ func (s *Service) migrate(ctx context.Context, cmd Command) (Result, error) {
 	if err != nil {
 		return Result{Operation: cmd.Operation}, err
 	}
+	if s.cfg.AfterMigrate != nil {
+		if err := s.cfg.AfterMigrate(ctx, s.db); err != nil {
+			return Result{Operation: cmd.Operation}, fmt.Errorf("migrate: after the migrations: %w", err)
+		}
+	}
 	v, err := migrations.Version(ctx, s.db)
 	if err != nil {
 		return Result{Operation: cmd.Operation}, err
@@ -193,7 +204,8 @@ func (s *Service) outboxStatus(ctx context.Context, o *OutboxStatus) Section {
 	}
 	*o = OutboxStatus{Pending: b.Pending, DueEvents: b.DueEvents, InFlightAggregates: b.InFlight,
 		BackingOffEvents: b.BackingOffEvents, RetryingAggregates: b.RetryingAggregates, ParkedEvents: b.ParkedEvents,
-		ParkedAggregates: b.ParkedAggregates, Dead: b.Dead, OldestDueAge: Duration(b.OldestDueAge), OldestPendingAge: Duration(b.OldestPendingAge)}
+		ParkedAggregates: b.ParkedAggregates, Dead: b.Dead, OldestDueAge: Duration(b.OldestDueAge), OldestPendingAge: Duration(b.OldestPendingAge),
+		OldestTransactionAge: Duration(b.OldestTransactionAge), OldestTransactionPartial: b.OldestTransactionPartial}
 	return Section{State: StateOK}
 }
 

@@ -194,6 +194,10 @@ type Config struct {
 	// after the migrations in migrate: the deploy trigger's one call leaves
 	// both the database and the broker ready.
 	Provisioner transport.Provisioner
+	// AfterMigrate, when set, runs after the migrations in migrate, as
+	// their owner: what the deployment itself needs beside fifobox's
+	// tables (functions/redrive: the example consumer's read model).
+	AfterMigrate func(ctx context.Context, pool *pgxpool.Pool) error
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 	// Progress, if set, is called as long operations advance (done of total; total -1 if unknown).

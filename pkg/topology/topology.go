@@ -36,7 +36,20 @@ type Topic struct {
 type Consumer struct {
 	// Name identifies the consumer; it is also its inbox key. Letters, digits, '-' and '_'.
 	Name string
-	// MaxReceiveCount is how often a message is received before it moves to the DLQ.
+	// MaxRetries is the event's own retry budget: how many times its side
+	// effect may fail (counted per event by the consumer engine, durably)
+	// before the consumer dead-letters it. Redeliveries that were not its
+	// failures (the database unreachable, a consumer killed, a deadline)
+	// never spend it. 1-50; 0: DefaultMaxRetries, or MaxReceiveCount-1
+	// when that is smaller.
+	MaxRetries int
+	// MaxReceiveCount is the SQS redrive policy's maxReceiveCount: how
+	// often SQS delivers a message before it moves it to the DLQ itself,
+	// whatever the consumer recorded. It is a backstop for a consumer that
+	// never gets to record anything (every delivery crashing it), far above
+	// MaxRetries+1 so that infrastructure failures and redeliveries cannot
+	// run a healthy event into it. 1-1000, more than MaxRetries; 0:
+	// DefaultMaxReceiveCount.
 	MaxReceiveCount int
 	// VisibilityTimeoutSeconds for the queue; in AWS at least 6x the function timeout.
 	VisibilityTimeoutSeconds int
@@ -59,6 +72,30 @@ type Consumer struct {
 	// DeliverySNS (SNS's JSON notification, the message in its "Message"
 	// member, for consumers written that way; a wire profile chooses it).
 	Delivery string `json:",omitempty"`
+}
+
+// Defaults of Consumer's retry budget and redelivery backstop.
+const (
+	DefaultMaxRetries      = 4
+	DefaultMaxReceiveCount = 100
+)
+
+// Retries is MaxRetries, or when it is 0 DefaultMaxRetries (at most
+// ReceiveLimit()-1: a topology that sets only a small maxReceiveCount
+// keeps the budget it had).
+func (c Consumer) Retries() int {
+	if c.MaxRetries == 0 {
+		return max(min(DefaultMaxRetries, c.ReceiveLimit()-1), 0)
+	}
+	return c.MaxRetries
+}
+
+// ReceiveLimit is MaxReceiveCount, or DefaultMaxReceiveCount when it is 0.
+func (c Consumer) ReceiveLimit() int {
+	if c.MaxReceiveCount == 0 {
+		return DefaultMaxReceiveCount
+	}
+	return c.MaxReceiveCount
 }
 
 // Delivery styles of a subscription.
@@ -162,8 +199,14 @@ func (t Topology) Validate() error {
 			errs = append(errs, fmt.Errorf("%s.name %q: duplicate", p, c.Name))
 		}
 		seen[c.Name] = true
-		if c.MaxReceiveCount < 1 || c.MaxReceiveCount > 1000 {
-			errs = append(errs, fmt.Errorf("%s.max_receive_count %d: must be 1-1000", p, c.MaxReceiveCount))
+		if c.MaxRetries < 0 || c.MaxRetries > 50 {
+			errs = append(errs, fmt.Errorf("%s.max_retries %d: must be 1-50 (0: %d)", p, c.MaxRetries, DefaultMaxRetries))
+		}
+		if c.MaxReceiveCount < 0 || c.MaxReceiveCount > 1000 {
+			errs = append(errs, fmt.Errorf("%s.max_receive_count %d: must be 1-1000 (0: %d)", p, c.MaxReceiveCount, DefaultMaxReceiveCount))
+		} else if c.MaxRetries > 0 && c.ReceiveLimit() <= c.MaxRetries {
+			errs = append(errs, fmt.Errorf("%s.max_receive_count %d: must exceed max_retries (%d): SQS would dead-letter an event before its retries are spent",
+				p, c.ReceiveLimit(), c.Retries()))
 		}
 		if c.FunctionTimeoutSeconds < 1 || c.FunctionTimeoutSeconds > 900 {
 			errs = append(errs, fmt.Errorf("%s.function_timeout_seconds %d: must be 1-900", p, c.FunctionTimeoutSeconds))
@@ -205,17 +248,17 @@ func Default() Topology {
 		Topic: Topic{Name: "fifobox-events.fifo", ThroughputScope: "MessageGroup"},
 		Consumers: []Consumer{
 			{
-				Name: "orders-projection", MaxReceiveCount: 5,
+				Name: "orders-projection", MaxRetries: DefaultMaxRetries, MaxReceiveCount: DefaultMaxReceiveCount,
 				FunctionTimeoutSeconds: 30, VisibilityTimeoutSeconds: 180, MaxConcurrency: 5,
 				Filter: map[string][]string{envelope.AttrAggregateType: {"order"}},
 			},
 			{
-				Name: "shipping", MaxReceiveCount: 5,
+				Name: "shipping", MaxRetries: DefaultMaxRetries, MaxReceiveCount: DefaultMaxReceiveCount,
 				FunctionTimeoutSeconds: 30, VisibilityTimeoutSeconds: 180, MaxConcurrency: 2,
 				Filter: map[string][]string{envelope.AttrEventType: {"order.paid"}},
 			},
 			{
-				Name: "audit", MaxReceiveCount: 5,
+				Name: "audit", MaxRetries: DefaultMaxRetries, MaxReceiveCount: DefaultMaxReceiveCount,
 				FunctionTimeoutSeconds: 30, VisibilityTimeoutSeconds: 180, MaxConcurrency: 2,
 			},
 		},

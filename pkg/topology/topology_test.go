@@ -36,7 +36,11 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"visibility below 6x", func(t *topology.Topology) {
 			t.Consumers[0].VisibilityTimeoutSeconds = 5 * t.Consumers[0].FunctionTimeoutSeconds
 		}, "visibility_timeout_seconds"},
-		{"max receive", func(t *topology.Topology) { t.Consumers[2].MaxReceiveCount = 0 }, "consumers[2].max_receive_count"},
+		{"max receive", func(t *topology.Topology) { t.Consumers[2].MaxReceiveCount = 1001 }, "consumers[2].max_receive_count"},
+		{"max retries", func(t *topology.Topology) { t.Consumers[1].MaxRetries = 51 }, "consumers[1].max_retries"},
+		{"max receive not above max retries", func(t *topology.Topology) {
+			t.Consumers[0].MaxRetries, t.Consumers[0].MaxReceiveCount = 5, 5
+		}, "consumers[0].max_receive_count 5: must exceed max_retries (5)"},
 		{"concurrency", func(t *topology.Topology) { t.Consumers[0].MaxConcurrency = 1 }, "max_concurrency"},
 		{"unknown filter attribute", func(t *topology.Topology) { t.Consumers[0].Filter = map[string][]string{"payload": {"x"}} }, `filter["payload"]`},
 		{"empty filter values", func(t *topology.Topology) { t.Consumers[0].Filter = map[string][]string{"event_type": {}} }, "needs at least one value"},
@@ -90,5 +94,30 @@ func TestInboxRetentionOutlastsTheDLQs(t *testing.T) {
 	}
 	if topology.DLQRetention != 1209600*time.Second {
 		t.Fatalf("DLQ retention %s, want SQS's maximum of 14 days", topology.DLQRetention)
+	}
+}
+
+// The retry budget (MaxRetries, the event's own failures) and the SQS
+// redrive backstop (MaxReceiveCount) are separate, with defaults far apart;
+// a topology that sets only a small maxReceiveCount keeps its old budget.
+func TestRetryBudgetAndBackstop(t *testing.T) {
+	for _, tt := range []struct {
+		c                topology.Consumer
+		retries, receive int
+	}{
+		{topology.Consumer{}, topology.DefaultMaxRetries, topology.DefaultMaxReceiveCount},
+		{topology.Consumer{MaxRetries: 10}, 10, topology.DefaultMaxReceiveCount},
+		{topology.Consumer{MaxReceiveCount: 2}, 1, 2},
+		{topology.Consumer{MaxReceiveCount: 1}, 0, 1},
+		{topology.Consumer{MaxRetries: 2, MaxReceiveCount: 30}, 2, 30},
+	} {
+		if r, n := tt.c.Retries(), tt.c.ReceiveLimit(); r != tt.retries || n != tt.receive {
+			t.Errorf("%+v: retries %d, receive limit %d; want %d and %d", tt.c, r, n, tt.retries, tt.receive)
+		}
+	}
+	for _, c := range topology.Default().Consumers {
+		if c.Retries() != 4 || c.ReceiveLimit() != 100 {
+			t.Errorf("default consumer %s: %d retries, maxReceiveCount %d; want 4 and 100", c.Name, c.Retries(), c.ReceiveLimit())
+		}
 	}
 }

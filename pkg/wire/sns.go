@@ -46,7 +46,9 @@ type SNSSubscription struct {
 	// message is its "Message" member, as consumers that read
 	// body['Message'] expect). Default raw.
 	Delivery string `json:"delivery,omitempty"`
-	// MaxReceiveCount before a message moves to the DLQ. Default 5.
+	// MaxReceiveCount before SQS moves a message to the DLQ itself: a
+	// backstop far above the consumer's retry budget (topology.Consumer).
+	// Default topology.DefaultMaxReceiveCount (100).
 	MaxReceiveCount int `json:"max_receive_count,omitempty"`
 	// VisibilityTimeoutSeconds of the queue. Default 60.
 	VisibilityTimeoutSeconds int `json:"visibility_timeout_seconds,omitempty"`
@@ -131,7 +133,7 @@ func (s *SNS) prepare(at string) []error {
 			add("%s.delivery %q: raw or sns", p, c.Delivery)
 		}
 		if c.MaxReceiveCount == 0 {
-			c.MaxReceiveCount = 5
+			c.MaxReceiveCount = topology.DefaultMaxReceiveCount
 		}
 		if c.MaxReceiveCount < 1 || c.MaxReceiveCount > 1000 {
 			add("%s.max_receive_count %d: 1-1000", p, c.MaxReceiveCount)

@@ -36,6 +36,10 @@ type Source struct {
 	// "{id}", "payload": "{payload}"}) that builds the body a "{payload}"
 	// profile publishes.
 	Payload json.RawMessage `json:"payload"`
+	// Status, if set, keeps the table's own status columns telling the
+	// truth once fifobox has published an event (sent) or given up on it
+	// (dead). pkg/capture installs it with the capture.
+	Status *SourceStatus `json:"status,omitempty"`
 
 	refs    map[string][]ColumnRef
 	payload node // template over columns, when Payload is an object
@@ -76,6 +80,87 @@ func parseColumnRefs(s string) ([]ColumnRef, error) {
 		out = append(out, ColumnRef{Column: parts[0], Path: parts[1:]})
 	}
 	return out, nil
+}
+
+// SourceStatus sets columns of the producer's row when its event changes
+// state in fifobox. Each key is a column or a member of a json or jsonb
+// column ("payload.outbox_status"); each value a JSON literal ("published",
+// true, 3) or one of the values fifobox knows then: "{now}", "{attempts}"
+// (publish attempts so far), "{last_error}".
+type SourceStatus struct {
+	Sent map[string]json.RawMessage `json:"sent"`
+	Dead map[string]json.RawMessage `json:"dead,omitempty"`
+}
+
+// StatusValues are the placeholders a status value can be.
+var StatusValues = []string{"{now}", "{attempts}", "{last_error}"}
+
+// StatusSet is one assignment of a status section: Target is where,
+// Value a JSON literal, or Placeholder one of StatusValues.
+type StatusSet struct {
+	Target      ColumnRef
+	Value       json.RawMessage
+	Placeholder string
+}
+
+// StatusSets returns the assignments for fifobox's state "sent" or "dead",
+// in target order.
+func (s *Source) StatusSets(state string) []StatusSet {
+	if s.Status == nil {
+		return nil
+	}
+	m := s.Status.Sent
+	if state == "dead" {
+		m = s.Status.Dead
+	}
+	out := make([]StatusSet, 0, len(m))
+	for _, k := range sortedKeys(m) {
+		refs, _ := parseColumnRefs(k)
+		set := StatusSet{Target: refs[0], Value: m[k]}
+		var ph string
+		if json.Unmarshal(m[k], &ph) == nil && slicesContain(StatusValues, ph) {
+			set.Placeholder, set.Value = ph, nil
+		}
+		out = append(out, set)
+	}
+	return out
+}
+
+func (st *SourceStatus) prepare(at string) []error {
+	var errs []error
+	if len(st.Sent) == 0 {
+		errs = append(errs, fmt.Errorf("%s.sent: required: the columns to set once an event is published", at))
+	}
+	for _, part := range []struct {
+		name string
+		m    map[string]json.RawMessage
+	}{{"sent", st.Sent}, {"dead", st.Dead}} {
+		for _, k := range sortedKeys(part.m) {
+			refs, err := parseColumnRefs(k)
+			if err == nil && len(refs) > 1 {
+				err = fmt.Errorf("%q: one column or json member, no alternatives", k)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s.%s[%q]: %v", at, part.name, k, err))
+				continue
+			}
+			v := bytes.TrimSpace(part.m[k])
+			var val any
+			if err := json.Unmarshal(v, &val); err != nil {
+				errs = append(errs, fmt.Errorf("%s.%s[%q]: %v", at, part.name, k, err))
+				continue
+			}
+			switch x := val.(type) {
+			case string:
+				if strings.ContainsAny(x, "{}") && !slicesContain(StatusValues, x) {
+					errs = append(errs, fmt.Errorf("%s.%s[%q]: %q: a literal, or one of %s", at, part.name, k, x, strings.Join(StatusValues, ", ")))
+				}
+			case map[string]any, []any, nil:
+				errs = append(errs, fmt.Errorf("%s.%s[%q]: a string, number or boolean", at, part.name, k))
+			}
+		}
+	}
+	return errs
 }
 
 // prepare checks the section's syntax (the database checks are pkg/capture's).
@@ -121,6 +206,9 @@ func (s *Source) prepare(at string, defaults map[string]string) []error {
 			errs = append(errs, err)
 		}
 		s.payload = n
+	}
+	if s.Status != nil {
+		errs = append(errs, s.Status.prepare(at+".status")...)
 	}
 	return errs
 }

@@ -142,7 +142,7 @@ func (r *Runner) session(ctx context.Context) error {
 				s.Stop(false)
 				return errors.New("consumer cancelled by the broker (queue deleted?)")
 			}
-			s.Submit(r.cfg.Topology.record(fromAMQP(m), m.Body, deliveryCount(m)))
+			s.Submit(r.cfg.Topology.record(fromAMQP(m), m.Body, deliveryCount(m), m.Redelivered))
 		}
 	}
 }

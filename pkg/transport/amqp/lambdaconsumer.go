@@ -30,8 +30,12 @@ func (t *Transport) LambdaHandler(lc transport.LambdaConfig) (any, error) {
 	cfg.Logger = lc.Logger
 	m := &lambdaMetrics{em: lc.Metrics, log: lc.Logger}
 	m.acc.Consumer = lc.Consumer
+	table, err := inbox.TableFromEnv()
+	if err != nil {
+		return nil, err
+	}
 	h, err := NewLambdaHandler(cfg, lc.DB, lc.Apply, inbox.ConsumerConfig{
-		Consumer: lc.Consumer, LogAggregateIDs: lc.LogAggregateIDs, OnSettle: m.settled, DeadlineMargin: lc.DeadlineMargin, Logger: lc.Logger,
+		Consumer: lc.Consumer, Inbox: table, LogAggregateIDs: lc.LogAggregateIDs, OnSettle: m.settled, DeadlineMargin: lc.DeadlineMargin, Logger: lc.Logger,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("new consumer: %w", err)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fifobox/fifobox/pkg/envspec"
+	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/redact"
 	"github.com/fifobox/fifobox/pkg/transport"
 )
@@ -20,7 +21,7 @@ const EnvSecretARN = "FIFOBOX_AMQP_SECRET_ARN"
 
 // OpenEnv is every variable transport.Open reads for RabbitMQ: Env, the
 // wire profile's (ProfileEnv) and the secret's ARN.
-var OpenEnv = envspec.Join(Env, ProfileEnv, envspec.Set{
+var OpenEnv = envspec.Join(Env, ProfileEnv, inbox.TableEnv, envspec.Set{
 	{Name: EnvSecretARN, Doc: `Secrets Manager secret {"username","password"} for FIFOBOX_AMQP_URL (Amazon MQ: the event source mapping's BASIC_AUTH secret); unset: credentials in the URL`},
 	{Name: EnvUserSecrets, Doc: `the provisioner's (migrate's) broker users to create: JSON {"dispatcher"|"operations"|"consumer:<name>": "<secret ARN>"}; unset elsewhere`},
 })

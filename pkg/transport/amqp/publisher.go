@@ -181,7 +181,7 @@ func (p *Publisher) message(m *outbox.Message, now time.Time) (outgoing, error) 
 	if len(m.Body) > p.cfg.MaxMessageBytes {
 		return outgoing{}, envelope.Permanent(fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(m.Body), p.cfg.MaxMessageBytes))
 	}
-	key := p.topo.routingKey.render(m)
+	key := p.topo.routingKey.Render(m, nil)
 	if len(key) > 255 {
 		return outgoing{}, envelope.Permanent(fmt.Errorf("%w: %d bytes", ErrRoutingKey, len(key)))
 	}
@@ -206,7 +206,7 @@ func (t *Topology) publishing(m *outbox.Message, now time.Time) amqp091.Publishi
 func (t *Topology) headersFor(m *outbox.Message) amqp091.Table {
 	h := make(amqp091.Table, len(t.headers)+1)
 	for name, tpl := range t.headers {
-		if v := tpl.render(m); v != "" {
+		if v := tpl.Render(m, nil); v != "" {
 			h[name] = v
 		}
 	}

@@ -38,7 +38,7 @@ func (t *Topology) selects(c Consumer, m *outbox.Message) bool {
 		}
 		return false
 	}
-	key := t.routingKey.render(m)
+	key := t.routingKey.Render(m, nil)
 	for _, b := range c.Bindings {
 		if t.Exchange.Kind == KindDirect && b.Key == key {
 			return true

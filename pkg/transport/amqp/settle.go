@@ -46,10 +46,12 @@ type delivery struct {
 	ack func() error
 }
 
-// record wraps d and its body for the engine.
-func (t *Topology) record(d *delivery, body []byte, deliveries int) *inbox.Record {
+// record wraps d and its body for the engine. redelivered is RabbitMQ's
+// flag: an earlier delivery was not acknowledged (a consumer died or lost
+// its connection holding it); the engine runs such a record alone.
+func (t *Topology) record(d *delivery, body []byte, deliveries int, redelivered bool) *inbox.Record {
 	return &inbox.Record{ID: d.messageID, Body: body, Failures: headerInt(d.headers[t.AttemptsHeader]),
-		Deliveries: deliveries, Handle: d}
+		Deliveries: deliveries, Redelivered: redelivered, Handle: d}
 }
 
 // broker settles records on RabbitMQ for the engine: acknowledge, retry

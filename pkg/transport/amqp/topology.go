@@ -81,8 +81,8 @@ type Topology struct {
 	// Default: delivered and reported (transport.UnroutedDeliver).
 	Unrouted Unrouted `json:"unrouted,omitzero"`
 
-	routingKey template
-	headers    map[string]template
+	routingKey transport.Template
+	headers    map[string]transport.Template
 }
 
 // Exchange names the exchange events are published to.
@@ -295,10 +295,10 @@ func (t *Topology) Prepare() error {
 		add("exchange.kind %q: must be topic, fanout, headers or direct", t.Exchange.Kind)
 	}
 	var err error
-	if t.routingKey, err = parseTemplate(t.RoutingKey); err != nil {
+	if t.routingKey, err = transport.ParseTemplate(t.RoutingKey); err != nil {
 		add("routing_key: %v", err)
 	}
-	t.headers = map[string]template{}
+	t.headers = map[string]transport.Template{}
 	for _, name := range sortedKeys(t.Headers) {
 		if !headerNameRE.MatchString(name) {
 			add("headers[%q]: header names are 1-128 letters, digits, '.', '_' or '-'", name)
@@ -306,7 +306,7 @@ func (t *Topology) Prepare() error {
 		if name == t.AttemptsHeader || strings.HasPrefix(name, "x-fifobox-") || strings.HasPrefix(name, "x-death") {
 			add("headers[%q]: reserved (attempts header, x-fifobox-*, x-death)", name)
 		}
-		tpl, err := parseTemplate(t.Headers[name])
+		tpl, err := transport.ParseTemplate(t.Headers[name])
 		if err != nil {
 			add("headers[%q]: %v", name, err)
 		}
@@ -489,7 +489,8 @@ func LoadTopology(nameOrPath string) (Topology, error) {
 // "fifobox.events" whose messages carry the filterable attributes as
 // headers, one queue per consumer bound with one header match per allowed
 // combination of values (the same exact-match semantics as an SNS filter
-// policy), and MaxReceiveCount-1 retries.
+// policy), and the consumer's retry budget (topology.Consumer.Retries).
+// The redelivery backstop is the quorum queue's delivery_limit.
 func FromTopology(tp topology.Topology) Topology {
 	t := Topology{
 		Exchange:   Exchange{Name: "fifobox.events", Kind: KindHeaders},
@@ -503,7 +504,7 @@ func FromTopology(tp topology.Topology) Topology {
 	}
 	for _, c := range tp.Consumers {
 		ac := Consumer{Name: c.Name, Retry: transport.RetryPolicy{
-			MaxRetries: max(c.MaxReceiveCount-1, 0), InitialDelay: transport.Duration(time.Second),
+			MaxRetries: c.Retries(), InitialDelay: transport.Duration(time.Second),
 			Multiplier: 2, MaxDelay: transport.Duration(5 * time.Minute)}}
 		for _, m := range headerCombinations(c.Filter) {
 			ac.Bindings = append(ac.Bindings, Binding{Headers: m})

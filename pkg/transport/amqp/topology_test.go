@@ -14,33 +14,6 @@ import (
 	"github.com/fifobox/fifobox/pkg/transport"
 )
 
-func TestTemplates(t *testing.T) {
-	m := &outbox.Message{EventID: "e-1", EventType: "paid", AggregateType: "invoice", GroupID: "inv-9", Sequence: 7,
-		Attributes: map[string]string{envelope.AttrTenantID: "acme"}}
-	tests := []struct{ tpl, want string }{
-		{"{aggregate_type}.{event_type}", "invoice.paid"},
-		{"{event_type}", "paid"},
-		{"tenant.{tenant_id}.{aggregate_id}#{sequence}", "tenant.acme.inv-9#7"},
-		{"literal", "literal"},
-		{"{traceparent}", ""},
-		{"", ""},
-	}
-	for _, tt := range tests {
-		tpl, err := parseTemplate(tt.tpl)
-		if err != nil {
-			t.Fatalf("%q: %v", tt.tpl, err)
-		}
-		if got := tpl.render(m); got != tt.want {
-			t.Errorf("%q rendered %q, want %q", tt.tpl, got, tt.want)
-		}
-	}
-	for _, bad := range []string{"{nope}", "{event_type", "event_type}", "a}{event_type}"} {
-		if _, err := parseTemplate(bad); err == nil {
-			t.Errorf("%q accepted", bad)
-		}
-	}
-}
-
 func TestHeadersLeaveOutEmptyOptionalValues(t *testing.T) {
 	topo := Holdco()
 	if err := topo.Prepare(); err != nil {

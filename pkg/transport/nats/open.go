@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fifobox/fifobox/pkg/envspec"
+	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/transport"
 	"github.com/fifobox/fifobox/pkg/wire"
 )
@@ -20,7 +21,7 @@ const EnvSecretARN = "FIFOBOX_NATS_SECRET_ARN"
 
 // OpenEnv is every variable transport.Open reads for NATS: Env, the wire
 // profile's (FIFOBOX_PROFILE) and the secret's ARN.
-var OpenEnv = envspec.Join(Env, wire.Env, envspec.Set{
+var OpenEnv = envspec.Join(Env, wire.Env, inbox.TableEnv, envspec.Set{
 	{Name: EnvSecretARN, Doc: `Secrets Manager secret {"username","password"}, {"token"} or {"creds"} (a .creds file's contents) for FIFOBOX_NATS_URL; unset: none or FIFOBOX_NATS_CREDS/USER/PASSWORD`},
 })
 

@@ -383,7 +383,7 @@ func (o *Operations) Replay(ctx context.Context, consumer string, msgs []outbox.
 			out := make([]outgoing, len(wave))
 			for k, i := range wave {
 				m := &chunk[i]
-				subject := t.ReplaySubjectPrefix(c) + "." + t.subject.render(m, SanitizeToken)
+				subject := t.ReplaySubjectPrefix(c) + "." + t.subject.Render(m, SanitizeToken)
 				o, err := t.outgoing(m, subject, "replay:"+run+":"+m.EventID)
 				if err != nil {
 					return sent, fmt.Errorf("replay: event %s: %w", m.EventID, err)

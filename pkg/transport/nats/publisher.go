@@ -207,8 +207,8 @@ func (t *Topology) headersFor(m *outbox.Message) natsgo.Header {
 	set(HeaderTraceparent, m.Attributes[envelope.AttrTraceparent])
 	set(HeaderContentType, "application/json")
 	for name, tpl := range t.headers {
-		v := tpl.render(m, func(s string) string { return s })
-		if v == "" && tpl.single() {
+		v := tpl.Render(m, nil)
+		if v == "" && tpl.Single() {
 			continue
 		}
 		h[name] = []string{headerValue(v)}

@@ -81,7 +81,7 @@ const DefaultDeliverySlack = 10
 //
 // Subjects, for prefix "billing":
 //
-//	billing.<subject template>               events, e.g. billing.invoice.paid
+//	billing.<subject transport.Template>               events, e.g. billing.invoice.paid
 //	billing_replay.<consumer>.<template>     redrive and replay to one consumer
 //	billing_dlq.<consumer>                   the consumer's dead letters (DLQ stream)
 //
@@ -142,8 +142,8 @@ type Topology struct {
 	// Default: delivered and reported (transport.UnroutedDeliver).
 	Unrouted Unrouted `json:"unrouted,omitzero"`
 
-	subject template
-	headers map[string]template
+	subject transport.Template
+	headers map[string]transport.Template
 	// eventFilters are the consumers' filters under the prefix, split into
 	// tokens once (the publisher checks every unrouted candidate).
 	eventFilters [][]string
@@ -227,7 +227,7 @@ func (t *Topology) DeadLetterSubjects() []string {
 // UnroutedSubject is where the alternate policy publishes m: the unrouted
 // subject prefix and m's subject after the events prefix.
 func (t *Topology) UnroutedSubject(m *outbox.Message) string {
-	return t.Unrouted.Subject + "." + t.subject.render(m, SanitizeToken)
+	return t.Unrouted.Subject + "." + t.subject.Render(m, SanitizeToken)
 }
 
 // selectedByAny reports whether some consumer's filters select subject.
@@ -291,7 +291,7 @@ func (t *Topology) Selects(c Consumer, subject string) bool {
 
 // EventSubject is the subject m is published on.
 func (t *Topology) EventSubject(m *outbox.Message) string {
-	return t.SubjectPrefix + "." + t.subject.render(m, SanitizeToken)
+	return t.SubjectPrefix + "." + t.subject.Render(m, SanitizeToken)
 }
 
 // SubjectMatches is NATS subject matching of pattern against a literal subject.
@@ -373,7 +373,7 @@ func (t *Topology) Prepare() error {
 		add("subject_prefix %q: must be dot-separated tokens of letters, digits, '_' or '-', at most 100 bytes", t.SubjectPrefix)
 	}
 	var err error
-	if t.subject, err = parseTemplate(t.Subject); err != nil {
+	if t.subject, err = transport.ParseTemplate(t.Subject); err != nil {
 		add("subject: %v", err)
 	} else if strings.ContainsAny(t.Subject, "*> \t\r\n") {
 		add("subject %q: wildcards and whitespace are not allowed", t.Subject)
@@ -381,16 +381,16 @@ func (t *Topology) Prepare() error {
 		// Render with every field set: the literal dots must leave no empty token.
 		probe := outbox.Message{EventID: "x", EventType: "x", AggregateType: "x", GroupID: "x",
 			Attributes: map[string]string{envelope.AttrTenantID: "x", envelope.AttrTraceparent: "x"}}
-		if s := t.subject.render(&probe, SanitizeToken); !validSubject(s) {
+		if s := t.subject.Render(&probe, SanitizeToken); !validSubject(s) {
 			add("subject %q: renders to %q, which has an empty token", t.Subject, s)
 		}
 	}
-	t.headers = map[string]template{}
+	t.headers = map[string]transport.Template{}
 	for _, name := range sortedKeys(t.Headers) {
 		if !headerNameRE.MatchString(name) || reservedHeader(name) {
 			add("headers[%q]: header names are 1-128 letters, digits, '_' or '-', not Nats-* or Fifobox-*", name)
 		}
-		tpl, err := parseTemplate(t.Headers[name])
+		tpl, err := transport.ParseTemplate(t.Headers[name])
 		if err != nil {
 			add("headers[%q]: %v", name, err)
 		}
@@ -571,7 +571,9 @@ func LoadTopology(nameOrPath string) (Topology, error) {
 // stream FIFOBOX, subjects "fifobox.<aggregate_type>.<event_type>", and per
 // consumer one filter per allowed combination of aggregate_type and
 // event_type values ('*' where the filter does not constrain one), with
-// MaxReceiveCount-1 retries. Subjects carry no tenant, so a filter on any
+// the consumer's retry budget (topology.Consumer.Retries) and, as the
+// server's delivery limit (max_deliver), its redelivery backstop
+// (ReceiveLimit) when that leaves room for the budget. Subjects carry no tenant, so a filter on any
 // other attribute cannot be mapped and is an error.
 func FromTopology(tp topology.Topology) (Topology, error) {
 	t := Topology{Stream: "FIFOBOX", SubjectPrefix: "fifobox", Subject: "{aggregate_type}.{event_type}"}
@@ -589,8 +591,11 @@ func FromTopology(tp topology.Topology) (Topology, error) {
 			types = []string{"*"}
 		}
 		nc := Consumer{Name: c.Name, Retry: transport.RetryPolicy{
-			MaxRetries: max(c.MaxReceiveCount-1, 0), InitialDelay: transport.Duration(time.Second),
+			MaxRetries: c.Retries(), InitialDelay: transport.Duration(time.Second),
 			Multiplier: 2, MaxDelay: transport.Duration(5 * time.Minute)}}
+		if n := c.ReceiveLimit(); n > c.Retries()+1+DefaultDeliverySlack {
+			nc.MaxDeliver = n
+		}
 		for _, a := range aggs {
 			for _, e := range types {
 				f := func(v string) string {

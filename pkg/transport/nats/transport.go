@@ -80,7 +80,11 @@ func (t *Transport) Consumer(name string, db inbox.DB, apply inbox.Apply) (trans
 	if err := t.inTopology(name); err != nil {
 		return nil, err
 	}
-	return NewRunner(t.cfg, db, apply, inbox.ConsumerConfig{Consumer: name, LogAggregateIDs: Env.Get(EnvLogAggregateIDs) == "true"})
+	table, err := inbox.TableFromEnv()
+	if err != nil {
+		return nil, err
+	}
+	return NewRunner(t.cfg, db, apply, inbox.ConsumerConfig{Consumer: name, Inbox: table, LogAggregateIDs: Env.Get(EnvLogAggregateIDs) == "true"})
 }
 
 // inTopology reports a consumer the topology lacks, naming the variable

@@ -17,6 +17,7 @@ import (
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/fifobox/fifobox/pkg/inbox"
+	"github.com/fifobox/fifobox/pkg/topology"
 )
 
 // DLQSender sends a message to the dead-letter queue; *sqs.Client satisfies it.
@@ -42,6 +43,9 @@ type HandlerConfig struct {
 	DLQURL string
 	// Order: inbox.OrderStrict (default) or inbox.OrderRelaxed; see inbox.Order.
 	Order inbox.Order
+	// Inbox is the table the consumer dedupes through (default fifobox's
+	// inbox; see inbox.Table).
+	Inbox inbox.Table
 	// MaxReceiveCount is the queue's maxReceiveCount, after which SQS moves
 	// a message to the DLQ itself: a record on its last receive has its
 	// group held before the attempt starts (strict order) and is
@@ -51,10 +55,11 @@ type HandlerConfig struct {
 	// MaxRetries is how many times an event's side effect may fail before
 	// the handler dead-letters it. Failures are counted per event in the
 	// database (inbox_parked), not by SQS's receive count, which also counts
-	// receives that failed for want of the database. Default
-	// MaxReceiveCount-1 (unlimited when that is unknown); keep
-	// MaxReceiveCount well above it so that a database outage cannot run a
-	// record into SQS's own dead-lettering.
+	// receives that failed for want of the database or ended in a crash.
+	// Default topology.DefaultMaxRetries (at most MaxReceiveCount-1); keep
+	// MaxReceiveCount well above it (topology.DefaultMaxReceiveCount) so
+	// that a database outage or a crash loop cannot run a record into SQS's
+	// own dead-lettering.
 	MaxRetries int
 	// DeadlineMargin: the handler starts no record once the context's
 	// deadline is this close, and reports those records as failed (with no
@@ -99,14 +104,11 @@ func NewHandler(db inbox.DB, dlq DLQSender, apply inbox.Apply, cfg HandlerConfig
 		return nil, errors.New("new inbox handler: MaxReceiveCount and MaxRetries must not be negative")
 	}
 	if cfg.MaxRetries == 0 {
-		cfg.MaxRetries = cfg.MaxReceiveCount - 1
-		if cfg.MaxReceiveCount == 0 {
-			cfg.MaxRetries = 1 << 20 // SQS's redrive policy decides
-		}
+		cfg.MaxRetries = topology.Consumer{MaxReceiveCount: cfg.MaxReceiveCount}.Retries()
 	}
 	h := &Handler{dlq: dlq, cfg: cfg, batches: map[*inbox.Record]*sqsBatch{}}
 	e, err := inbox.NewEngine(db, apply, inbox.EngineConfig{
-		ConsumerConfig: inbox.ConsumerConfig{Consumer: cfg.Consumer, Order: cfg.Order, MaxBatch: 10, DeadlineMargin: cfg.DeadlineMargin,
+		ConsumerConfig: inbox.ConsumerConfig{Consumer: cfg.Consumer, Inbox: cfg.Inbox, Order: cfg.Order, MaxBatch: 10, DeadlineMargin: cfg.DeadlineMargin,
 			LogAggregateIDs: cfg.LogAggregateIDs, Logger: cfg.Logger, OnSettle: h.settled},
 		// One lane: a Lambda batch (at most 10) is one transaction, in order.
 		Lanes:      1,

@@ -100,7 +100,7 @@ func provisionConsumer(ctx context.Context, snsc SNSAPI, sqsc SQSAPI, topicARN s
 	if err != nil {
 		return Queue{}, err
 	}
-	redrive, _ := json.Marshal(map[string]string{"deadLetterTargetArn": dlqARN, "maxReceiveCount": strconv.Itoa(c.MaxReceiveCount)})
+	redrive, _ := json.Marshal(map[string]string{"deadLetterTargetArn": dlqARN, "maxReceiveCount": strconv.Itoa(c.ReceiveLimit())})
 	url, arn, err := createQueue(ctx, sqsc, opt.Prefix+c.QueueName(), map[string]string{
 		"FifoQueue":         "true",
 		"VisibilityTimeout": strconv.Itoa(vis),

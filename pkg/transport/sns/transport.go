@@ -28,6 +28,7 @@ const (
 	EnvDLQURL          = "FIFOBOX_DLQ_URL"
 	EnvConsumerOrder   = "FIFOBOX_CONSUMER_ORDER"
 	EnvMaxReceiveCount = "FIFOBOX_MAX_RECEIVE_COUNT"
+	EnvMaxRetries      = "FIFOBOX_MAX_RETRIES"
 	EnvNamePrefix      = "FIFOBOX_SNS_NAME_PREFIX"
 	EnvLogAggregateIDs = "FIFOBOX_LOG_AGGREGATE_IDS"
 )
@@ -40,7 +41,8 @@ var Env = envspec.Set{
 	{Name: EnvQueues, Doc: `consumer queues as JSON {"<consumer>":{"queue_url":"...","dlq_url":"...","subscription_dlq_url":"..."}} (operations); unset: looked up by the topology's queue names`},
 	{Name: EnvDLQURL, Doc: "the consumer queue's FIFO dead-letter queue URL (required by the consumer function)"},
 	{Name: EnvConsumerOrder, Doc: "strict (default) or relaxed per-aggregate order after a dead-lettered event (consumer; default from the topology)"},
-	{Name: EnvMaxReceiveCount, Doc: "the queue's maxReceiveCount (1-1000; consumer; default from the topology)"},
+	{Name: EnvMaxReceiveCount, Doc: "the queue's maxReceiveCount, SQS's own dead-lettering: a backstop far above the retry budget (1-1000; consumer; default from the topology, 100)"},
+	{Name: EnvMaxRetries, Doc: "the consumer's retry budget: how often an event's side effect may fail before it is dead-lettered; redeliveries that were not its failures do not count (1-50; consumer; default from the topology, 4)"},
 	{Name: EnvNamePrefix, Doc: "prepended to the topic and queue names that provisioning creates and lookups find (side-by-side local runs and tests); default none"},
 	{Name: EnvLogAggregateIDs, Doc: "true: consumers add aggregate ids to their logs (default false: they may carry personal data)"},
 }
@@ -52,7 +54,7 @@ var localEnv = envspec.Set{
 
 // OpenEnv is every variable transport.Open reads for SNS/SQS: Env and the
 // wire profile's (FIFOBOX_PROFILE).
-var OpenEnv = envspec.Join(Env, wire.Env)
+var OpenEnv = envspec.Join(Env, wire.Env, inbox.TableEnv)
 
 func init() {
 	transport.Register(transport.SNS, transport.Opener{Env: OpenEnv, Open: open})
@@ -116,8 +118,9 @@ type Config struct {
 	// empty or 0: the topology's value for the consumer.
 	Order           string
 	MaxReceiveCount int
-	// MaxRetries is the consumer's retry budget: its failures, counted per
-	// event (HandlerConfig.MaxRetries). 0: MaxReceiveCount-1.
+	// MaxRetries (FIFOBOX_MAX_RETRIES) is the consumer's retry budget: its
+	// failures, counted per event (HandlerConfig.MaxRetries). 0: the
+	// topology's (topology.Consumer.Retries).
 	MaxRetries int
 	// LogAggregateIDs adds aggregate ids to consumers' log lines
 	// (FIFOBOX_LOG_AGGREGATE_IDS).
@@ -147,6 +150,17 @@ func ConfigFromEnv() (Config, error) {
 			return c, fmt.Errorf("%s=%q: want 1-1000 (the queue's maxReceiveCount)", EnvMaxReceiveCount, v)
 		}
 		c.MaxReceiveCount = n
+	}
+	if v := Env.Get(EnvMaxRetries); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 50 {
+			return c, fmt.Errorf("%s=%q: want 1-50 (how often an event may fail before it is dead-lettered)", EnvMaxRetries, v)
+		}
+		c.MaxRetries = n
+	}
+	if c.MaxReceiveCount > 0 && c.MaxRetries >= c.MaxReceiveCount {
+		return c, fmt.Errorf("%s=%d: must be below %s (%d): SQS would dead-letter an event before its retries are spent",
+			EnvMaxRetries, c.MaxRetries, EnvMaxReceiveCount, c.MaxReceiveCount)
 	}
 	if v := Env.Get(EnvLogAggregateIDs); v != "" {
 		b, err := strconv.ParseBool(v)
@@ -319,16 +333,20 @@ func (t *Transport) LambdaHandler(lc transport.LambdaConfig) (any, error) {
 	return h.Handle, nil
 }
 
-// handler builds the SQS batch handler for consumer: order and
-// maxReceiveCount from the configuration, else the topology's.
+// handler builds the SQS batch handler for consumer: order, retry budget
+// and maxReceiveCount from the configuration, else the topology's.
 func (t *Transport) handler(consumer, dlqURL string, db inbox.DB, apply inbox.Apply, lc transport.LambdaConfig, onSettle func(inbox.Settlement)) (*Handler, error) {
-	order, maxReceive := t.cfg.Order, t.cfg.MaxReceiveCount
+	order, maxReceive, retries := t.cfg.Order, t.cfg.MaxReceiveCount, t.cfg.MaxRetries
 	if tc, ok := t.cfg.Topology.Consumer(consumer); ok {
 		if order == "" {
 			order = tc.OrderName()
 		}
 		if maxReceive == 0 {
-			maxReceive = tc.MaxReceiveCount
+			maxReceive = tc.ReceiveLimit()
+		}
+		if retries == 0 {
+			tc.MaxReceiveCount = maxReceive
+			retries = tc.Retries()
 		}
 	}
 	o, err := inbox.ParseOrder(order)
@@ -339,8 +357,11 @@ func (t *Transport) handler(consumer, dlqURL string, db inbox.DB, apply inbox.Ap
 	if log == nil {
 		log = t.cfg.Logger
 	}
-	hc := HandlerConfig{Consumer: consumer, DLQURL: dlqURL, Order: o, MaxReceiveCount: maxReceive, MaxRetries: t.cfg.MaxRetries,
+	hc := HandlerConfig{Consumer: consumer, DLQURL: dlqURL, Order: o, MaxReceiveCount: maxReceive, MaxRetries: retries,
 		DeadlineMargin: lc.DeadlineMargin, LogAggregateIDs: lc.LogAggregateIDs || t.cfg.LogAggregateIDs, Logger: log, OnSettle: onSettle}
+	if hc.Inbox, err = inbox.TableFromEnv(); err != nil {
+		return nil, err
+	}
 	if em := lc.Metrics; em != nil {
 		hc.OnBatch = func(m inbox.BatchMetrics) {
 			if err := em.InboxBatch(m); err != nil {

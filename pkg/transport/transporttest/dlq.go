@@ -8,12 +8,17 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
+	"github.com/fifobox/fifobox/internal/pgtest"
 	"github.com/fifobox/fifobox/pkg/envelope"
+	"github.com/fifobox/fifobox/pkg/inbox"
+	"github.com/fifobox/fifobox/pkg/redrive"
 	"github.com/fifobox/fifobox/pkg/transport"
 )
 
@@ -154,6 +159,11 @@ func ExerciseDLQ(t *testing.T, newHarness func(t *testing.T) DLQHarness) {
 		}
 		dlqRedriveAll(t, h, 2)
 		dlqWantQueue(t, h, b[0], b[1])
+	})
+
+	t.Run("DiscardMarksHandledAndReleasesTheHold", func(t *testing.T) {
+		t.Parallel()
+		testDiscardMarksHandled(t, newHarness(t))
 	})
 
 	t.Run("RedriveOneGroup", func(t *testing.T) {
@@ -297,4 +307,136 @@ func dlqWantQueue(t *testing.T, h DLQHarness, want ...envelope.Envelope) {
 			t.Fatalf("queue holds %v, want %v (each group in order)", ids(got), ids(want))
 		}
 	}
+}
+
+// testDiscardMarksHandled runs `fifobox dlq discard` (redrive.Service) on
+// a consumer whose group a is held behind its dead first event (a/1, then
+// a/2 and a/3 held behind it) and whose group b is held by b/1: status
+// shows the held groups; discarding a/1, then group b, marks those events
+// handled for the consumer (inbox outcome 'discarded') and moves the holds
+// in the same step: a replay of them applies nothing, and the redriven
+// a/2 and a/3 are applied by the consumer engine, in order, releasing the
+// group.
+func testDiscardMarksHandled(t *testing.T, h DLQHarness) {
+	ctx := dlqCtx(t)
+	db := pgtest.New(t)
+	svc, err := redrive.New(db.Pool, redrive.Config{Operations: h.Ops, Logger: quietLogger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := dlqEvents("a", 3), dlqEvents("b", 1)
+	h.Kill(t, []envelope.Envelope{a[0], b[0], a[1], a[2]})
+	dlqWait(t, h, 4)
+	// The holds the consumer engine wrote when it dead-lettered them.
+	for _, x := range []struct {
+		e     envelope.Envelope
+		class string
+	}{{a[0], inbox.ClassPermanent}, {b[0], inbox.ClassPermanent}, {a[1], inbox.ClassHeld}, {a[2], inbox.ClassHeld}} {
+		if _, err := db.Pool.Exec(ctx, `INSERT INTO inbox_held (consumer, group_id, message_key, event_id, sequence, class) VALUES ($1, $2, $3, $4, $5, $6)`,
+			h.Consumer, x.e.AggregateID, x.e.ID, x.e.ID, x.e.Sequence, x.class); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held := func(groups, msgs int64) {
+		t.Helper()
+		res, err := svc.Execute(ctx, redrive.Command{Operation: redrive.OpStatus, Consumer: h.Consumer})
+		if err != nil || res.Status == nil {
+			t.Fatalf("status: %v", err)
+		}
+		for _, q := range res.Status.Queues.Consumers {
+			if q.Consumer == h.Consumer {
+				if q.HeldGroups != groups || q.HeldMessages != msgs || q.Error != "" {
+					t.Fatalf("status of %s: %d held groups, %d held messages (%q), want %d and %d", h.Consumer, q.HeldGroups, q.HeldMessages, q.Error, groups, msgs)
+				}
+				return
+			}
+		}
+		t.Fatalf("status shows no row for %s: %+v", h.Consumer, res.Status.Queues.Consumers)
+	}
+	held(2, 4)
+	discard := func(cmd redrive.Command, marked string) {
+		t.Helper()
+		cmd.Operation, cmd.Consumer, cmd.Reason = redrive.OpDLQDiscard, h.Consumer, "cannot be applied"
+		res, err := svc.Execute(ctx, cmd)
+		if err != nil || !strings.Contains(res.Message, marked) {
+			t.Fatalf("discard %+v: %q %v, want %q", cmd, res.Message, err, marked)
+		}
+	}
+	discard(redrive.Command{Messages: []string{a[0].ID}}, "1 events marked handled")
+	held(2, 3)
+	discard(redrive.Command{Groups: []string{"b"}}, "1 events marked handled")
+	held(1, 2)
+	var discarded []string
+	rows, err := db.Pool.Query(ctx, `SELECT event_id::text FROM inbox WHERE consumer = $1 AND outcome = 'discarded' ORDER BY event_id`, h.Consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if discarded, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{a[0].ID, b[0].ID}
+	slices.Sort(want)
+	if !slices.Equal(discarded, want) {
+		t.Fatalf("inbox rows with outcome discarded: %v, want a/1 and b/1 %v", discarded, want)
+	}
+
+	// The consumer engine: a replay of the discarded events applies
+	// nothing; the redriven rest of group a applies, in order.
+	var mu sync.Mutex
+	var applied []string
+	eng, err := inbox.NewEngine(db.Pool, func(_ context.Context, _ pgx.Tx, e envelope.Envelope) error {
+		mu.Lock()
+		applied = append(applied, fmt.Sprintf("%s/%d", e.AggregateID, e.Sequence))
+		mu.Unlock()
+		return nil
+	}, inbox.EngineConfig{ConsumerConfig: inbox.ConsumerConfig{Consumer: h.Consumer, Logger: quietLogger}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handle := func(evs ...envelope.Envelope) []string {
+		t.Helper()
+		var recs []*inbox.Record
+		for _, e := range evs {
+			body, _ := e.Encode()
+			recs = append(recs, &inbox.Record{ID: e.ID, Body: body})
+		}
+		var br recordingBroker
+		if err := eng.Handle(ctx, &br, recs); err != nil {
+			t.Fatal(err)
+		}
+		return br.got
+	}
+	if got := handle(a[0], b[0]); !slices.Equal(got, []string{"ack", "ack"}) || len(applied) != 0 {
+		t.Fatalf("a replay of the discarded a/1 and b/1: settled %v, applied %v; want both acknowledged, nothing applied", got, applied)
+	}
+	dlqRedriveAll(t, h, 2)
+	var back []envelope.Envelope
+	for deadline := time.Now().Add(30 * time.Second); len(back) < 2 && time.Now().Before(deadline); {
+		back = append(back, h.Queue(t)...)
+	}
+	if got := handle(back...); !slices.Equal(got, []string{"ack", "ack"}) || !slices.Equal(applied, []string{"a/2", "a/3"}) {
+		t.Fatalf("the redriven rest of a: settled %v, applied %v; want a/2 then a/3", got, applied)
+	}
+	held(0, 0)
+}
+
+// recordingBroker records what the engine settled, in order.
+type recordingBroker struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (b *recordingBroker) put(what string) error {
+	b.mu.Lock()
+	b.got = append(b.got, what)
+	b.mu.Unlock()
+	return nil
+}
+
+func (b *recordingBroker) Ack(context.Context, *inbox.Record) error { return b.put("ack") }
+func (b *recordingBroker) Retry(context.Context, *inbox.Record, inbox.Retry) error {
+	return b.put("retry")
+}
+func (b *recordingBroker) DeadLetter(_ context.Context, _ *inbox.Record, dl inbox.DeadLetter) error {
+	return b.put("dead-letter:" + dl.Class)
 }

@@ -118,6 +118,9 @@ func Run(t *testing.T, h Harness) {
 		{"ConsumerKilledAndRestarted", testKilledAndRestarted},
 		{"BrokerConnectionCut", testConnectionCut},
 		{"DatabaseDownLongerThanRetryBudget", testDatabaseDown},
+		{"DatabaseDownAcrossInvocations", testDatabaseDownAcrossInvocations},
+		{"CrashLoopSpendsNoRetryBudget", testCrashLoop},
+		{"EventKillingTheConsumerIsDeadLettered", testEventKillingTheConsumer},
 		{"SideEffectSlowerThanAckWait", testSlowSideEffect},
 		{"LambdaDeadline", testLambdaDeadline},
 	}

@@ -31,7 +31,8 @@ import (
 const schema = `
 CREATE TABLE applied (n bigserial PRIMARY KEY, consumer text NOT NULL, event_id uuid NOT NULL,
     aggregate_id text NOT NULL, seq bigint NOT NULL);
-CREATE TABLE fail_plan (event_id uuid PRIMARY KEY, remaining int NOT NULL, permanent boolean NOT NULL DEFAULT false)`
+CREATE TABLE fail_plan (event_id uuid PRIMARY KEY, remaining int NOT NULL, permanent boolean NOT NULL DEFAULT false,
+    crash boolean NOT NULL DEFAULT false)`
 
 // world is one test's database, deployment and consumers.
 type world struct {
@@ -72,17 +73,23 @@ func newWorld(t *testing.T, h Harness, opts Options) *world {
 // sideEffect records e as applied by consumer, after sleeping delay, and
 // fails it as fail_plan says: permanently, or transiently while its
 // remaining count lasts (counted down outside the inbox transaction, so
-// the count survives the rollback of the failed attempt). plan nil: no plan.
+// the count survives the rollback of the failed attempt), or, in a child
+// consumer process, by ending the process (crash: an event that kills its
+// consumer every time). plan nil: no plan.
 func sideEffect(consumer string, delay time.Duration, plan *pgxpool.Pool) inbox.Apply {
 	return func(ctx context.Context, tx pgx.Tx, e envelope.Envelope) error {
 		if delay > 0 {
 			time.Sleep(delay)
 		}
 		if plan != nil {
-			var permanent bool
-			err := plan.QueryRow(ctx, `UPDATE fail_plan SET remaining = remaining - 1 WHERE event_id = $1 AND (remaining > 0 OR permanent)
-RETURNING permanent`, e.ID).Scan(&permanent)
+			var permanent, crash bool
+			err := plan.QueryRow(ctx, `UPDATE fail_plan SET remaining = remaining - 1 WHERE event_id = $1 AND (remaining > 0 OR permanent OR crash)
+RETURNING permanent, crash`, e.ID).Scan(&permanent, &crash)
 			switch {
+			case err == nil && crash && os.Getenv(envChild) == "1":
+				os.Exit(3)
+			case err == nil && crash:
+				return fmt.Errorf("event %d of %s would end a consumer process (planned)", e.Sequence, e.AggregateID)
 			case err == nil && permanent:
 				return envelope.Permanent(fmt.Errorf("event %d of %s rejected (planned)", e.Sequence, e.AggregateID))
 			case err == nil:
@@ -103,6 +110,15 @@ func (w *world) plan(e envelope.Envelope, times int) {
 	w.t.Helper()
 	if _, err := w.db.Pool.Exec(context.Background(), `INSERT INTO fail_plan (event_id, remaining, permanent) VALUES ($1, $2, $3)
 ON CONFLICT (event_id) DO UPDATE SET remaining = EXCLUDED.remaining, permanent = EXCLUDED.permanent`, e.ID, max(times, 0), times < 0); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+// planCrash makes the side effect end the consumer process every time it
+// runs e (in a child process; in the test process it fails instead).
+func (w *world) planCrash(e envelope.Envelope) {
+	w.t.Helper()
+	if _, err := w.db.Pool.Exec(context.Background(), `INSERT INTO fail_plan (event_id, remaining, crash) VALUES ($1, 0, true)`, e.ID); err != nil {
 		w.t.Fatal(err)
 	}
 }

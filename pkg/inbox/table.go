@@ -1,0 +1,222 @@
+package inbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fifobox/fifobox/pkg/envelope"
+	"github.com/fifobox/fifobox/pkg/envspec"
+)
+
+// Table is the table a consumer dedupes through: fifobox's inbox (the zero
+// Table), or a table a system's consumers already keep under their own
+// name and shape (HoldCo's event_inbox(consumer_name, event_id,
+// processed_at), the ticketing PRD's consumed_events(event_id, event_type,
+// consumed_at)), so that a consumer moved onto fifobox recognises what its
+// predecessor applied, and the other way round. The claim is one insert of
+// the columns named here, ON CONFLICT on the key (consumer column and event
+// id, or the event id alone) DO NOTHING.
+type Table struct {
+	// Name of the table, optionally schema-qualified. Default "inbox"
+	// (fifobox's own, with every column below).
+	Name string `json:"table,omitempty"`
+	// EventID is the event id column (uuid, or text). Required with Name.
+	EventID string `json:"event_id,omitempty"`
+	// Consumer is the column holding the consumer's name; empty when the
+	// table belongs to one consumer (its key is the event id alone).
+	Consumer string `json:"consumer,omitempty"`
+	// EventType, AggregateType, AggregateID and Sequence are optional
+	// columns for the event's fields.
+	EventType     string `json:"event_type,omitempty"`
+	AggregateType string `json:"aggregate_type,omitempty"`
+	AggregateID   string `json:"aggregate_id,omitempty"`
+	Sequence      string `json:"sequence,omitempty"`
+	// ProcessedAt is a column set to now(), for tables whose time column
+	// has no default.
+	ProcessedAt string `json:"processed_at,omitempty"`
+}
+
+// EnvInboxTable names a consumer's inbox table, as Table's JSON.
+const EnvInboxTable = "FIFOBOX_INBOX_TABLE"
+
+// TableEnv declares the variable TableFromEnv reads.
+var TableEnv = envspec.Set{
+	{Name: EnvInboxTable, Doc: `the table the consumer dedupes through, as JSON: {"table": "event_inbox", "consumer": "consumer_name", "event_id": "event_id", "processed_at": "processed_at"} (columns: event_id, consumer, event_type, aggregate_type, aggregate_id, sequence, processed_at); unset: fifobox's inbox`},
+}
+
+// TableFromEnv reads FIFOBOX_INBOX_TABLE (the zero Table when unset);
+// errors name the variable.
+func TableFromEnv() (Table, error) {
+	var t Table
+	v := strings.TrimSpace(TableEnv.Get(EnvInboxTable))
+	if v == "" {
+		return t, nil
+	}
+	d := json.NewDecoder(strings.NewReader(v))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&t); err != nil {
+		return t, fmt.Errorf("%s: %w", EnvInboxTable, err)
+	}
+	if _, err := t.compile(); err != nil {
+		return t, fmt.Errorf("%s: %w", EnvInboxTable, err)
+	}
+	return t, nil
+}
+
+// fifoboxTable is fifobox's own inbox.
+var fifoboxTable = Table{Name: "inbox", Consumer: "consumer", EventID: "event_id", AggregateType: "aggregate_type",
+	AggregateID: "aggregate_id", Sequence: "sequence"}
+
+var (
+	tableNameRE  = regexp.MustCompile(`^([A-Za-z_][A-Za-z0-9_$]{0,62}\.)?[A-Za-z_][A-Za-z0-9_$]{0,62}$`)
+	columnNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]{0,62}$`)
+)
+
+// claimer is a Table's claim statement: the one place its SQL is written.
+type claimer struct {
+	sql    string
+	fields []string // which value each parameter is, in order
+	table  Table
+	ident  string
+	key    []string
+}
+
+var defaultClaimer = mustCompile(Table{})
+
+func mustCompile(t Table) *claimer {
+	c, err := t.compile()
+	if err != nil {
+		panic(err)
+	}
+	return c
+}
+
+// compile checks the names and writes the claim; every problem is named
+// by its JSON field.
+func (t Table) compile() (*claimer, error) {
+	if t == (Table{}) {
+		t = fifoboxTable
+	}
+	var errs []error
+	if !tableNameRE.MatchString(t.Name) {
+		errs = append(errs, fmt.Errorf("table %q: a table name, optionally schema-qualified", t.Name))
+	}
+	if t.EventID == "" {
+		errs = append(errs, errors.New("event_id: required: the event id column"))
+	}
+	c := &claimer{table: t}
+	var cols, vals []string
+	seen := map[string]string{}
+	for _, f := range []struct{ field, col string }{
+		{"consumer", t.Consumer}, {"event_id", t.EventID}, {"event_type", t.EventType}, {"aggregate_type", t.AggregateType},
+		{"aggregate_id", t.AggregateID}, {"sequence", t.Sequence}, {"processed_at", t.ProcessedAt},
+	} {
+		if f.col == "" {
+			continue
+		}
+		if !columnNameRE.MatchString(f.col) {
+			errs = append(errs, fmt.Errorf("%s %q: a column name", f.field, f.col))
+			continue
+		}
+		if other, ok := seen[f.col]; ok {
+			errs = append(errs, fmt.Errorf("%s %q: column already used for %s", f.field, f.col, other))
+			continue
+		}
+		seen[f.col] = f.field
+		cols = append(cols, pgx.Identifier{f.col}.Sanitize())
+		if f.field == "processed_at" {
+			vals = append(vals, "now()")
+			continue
+		}
+		c.fields = append(c.fields, f.field)
+		vals = append(vals, fmt.Sprintf("$%d", len(c.fields)))
+		if f.field == "consumer" || f.field == "event_id" {
+			c.key = append(c.key, pgx.Identifier{f.col}.Sanitize())
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("inbox table: %w", err)
+	}
+	c.ident = pgx.Identifier(strings.Split(t.Name, ".")).Sanitize()
+	c.sql = fmt.Sprintf("INSERT INTO %s (%s) VALUES (%s) ON CONFLICT (%s) DO NOTHING",
+		c.ident, strings.Join(cols, ", "), strings.Join(vals, ", "), strings.Join(c.key, ", "))
+	return c, nil
+}
+
+// query is the claim of e for consumer.
+func (c *claimer) query(consumer string, e envelope.Envelope) *pgx.QueuedQuery {
+	args := make([]any, len(c.fields))
+	for i, f := range c.fields {
+		switch f {
+		case "consumer":
+			args[i] = consumer
+		case "event_id":
+			args[i] = e.ID
+		case "event_type":
+			args[i] = e.Type
+		case "aggregate_type":
+			args[i] = e.AggregateType
+		case "aggregate_id":
+			args[i] = e.AggregateID
+		case "sequence":
+			args[i] = e.Sequence
+		}
+	}
+	return &pgx.QueuedQuery{SQL: c.sql, Arguments: args}
+}
+
+// CheckDB is what Check reads the catalog through.
+type CheckDB interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Check verifies t against the database before a consumer starts: the
+// table exists with every column named, and a unique index (or primary
+// key) on exactly the key, so the claim cannot fail on ON CONFLICT at run
+// time. Errors name the field.
+func (t Table) Check(ctx context.Context, db CheckDB) error {
+	c, err := t.compile()
+	if err != nil {
+		return err
+	}
+	tt := c.table
+	var missing []string
+	var unique, found bool
+	cols := []string{tt.Consumer, tt.EventID, tt.EventType, tt.AggregateType, tt.AggregateID, tt.Sequence, tt.ProcessedAt}
+	key := []string{tt.EventID}
+	if tt.Consumer != "" {
+		key = []string{tt.Consumer, tt.EventID}
+	}
+	err = db.QueryRow(ctx, `
+		WITH t AS (SELECT to_regclass($1) AS oid)
+		SELECT t.oid IS NOT NULL,
+		       coalesce((SELECT array_agg(c) FROM unnest($2::text[]) c WHERE c <> '' AND NOT EXISTS (
+		           SELECT 1 FROM pg_attribute a WHERE a.attrelid = t.oid AND a.attname = c AND a.attnum > 0 AND NOT a.attisdropped)), '{}'),
+		       EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = t.oid AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL
+		           AND i.indnkeyatts = cardinality($3::text[])
+		           AND (SELECT array_agg(a.attname::text ORDER BY a.attname) FROM pg_attribute a
+		                WHERE a.attrelid = t.oid AND a.attnum = ANY (i.indkey::int2[])) = (SELECT array_agg(k ORDER BY k) FROM unnest($3::text[]) k))
+		FROM t`, c.ident, cols, key).Scan(&found, &missing, &unique)
+	if err != nil {
+		return fmt.Errorf("inbox table %s: %w", tt.Name, err)
+	}
+	switch {
+	case !found:
+		return fmt.Errorf("inbox table: table %q: no such table", tt.Name)
+	case len(missing) > 0:
+		return fmt.Errorf("inbox table %s: no column %s", tt.Name, strings.Join(missing, ", "))
+	case !unique:
+		field := "event_id"
+		if tt.Consumer != "" {
+			field = "consumer, event_id"
+		}
+		return fmt.Errorf("inbox table %s: %s: no primary key or unique index on exactly (%s): two deliveries could both apply", tt.Name, field, strings.Join(key, ", "))
+	}
+	return nil
+}
