@@ -135,6 +135,7 @@ func TestRolesDoTheirJobAndNothingMore(t *testing.T) {
 				{Operation: redrive.OpRequeueDead, AggregateType: "order", Actor: "test"},
 				{Operation: redrive.OpPrune, Actor: "test"},
 				{Operation: redrive.OpReleaseHolds, Consumer: "orders", Actor: "test"},
+				{Operation: redrive.OpRepairHeads, Actor: "test"},
 			} {
 				if _, err := svc.Execute(ctx, cmd); err != nil {
 					t.Fatalf("%s: %v", cmd.Operation, err)

@@ -20,6 +20,7 @@ const (
 	AlarmPublishRetrying   = "OutboxPublishRetrying"
 	AlarmBackingOffEvents  = "OutboxBackingOffEvents"
 	AlarmParkedEvents      = "OutboxParkedEvents"
+	AlarmStrandedEvents    = "OutboxStrandedEvents"
 	AlarmDeadEvents        = "OutboxDeadEvents"
 	AlarmParkedAggregates  = "OutboxParkedAggregates"
 	AlarmDispatcherErrors  = "DispatcherErrors"
@@ -188,6 +189,9 @@ func newAlarms(stack awscdk.Stack, cfg Config, p *Pipeline, net *Network) {
 			metric: dispatcherMetric(cfg, MetricParkedAggregates, "Maximum", 300), threshold: th.ParkedAggregates, periods: 1, missing: awscloudwatch.TreatMissingData_IGNORE},
 		{name: AlarmParkedEvents, description: "More events than the threshold are held behind dead events (the dead ones included): the parked part of the backlog keeps growing",
 			metric: dispatcherMetric(cfg, MetricParkedEvents, "Maximum", 300), threshold: th.ParkedEvents, periods: 1, missing: awscloudwatch.TreatMissingData_IGNORE},
+		// Stranded events are never published by themselves: any is too many.
+		{name: AlarmStrandedEvents, description: "Outbox events written around the enqueue path (by the table owner with aggregate_seq set) have been unsent for over 5 minutes and no claim reaches them: they are never published until repaired; " + runbook.Text(runbook.StrandedEvents, "") + " (safe while dispatchers run), then find the writer that bypassed fifobox's enqueue",
+			metric: dispatcherMetric(cfg, MetricStrandedEvents, "Maximum", 300), threshold: th.StrandedEvents, periods: 1, missing: awscloudwatch.TreatMissingData_IGNORE},
 		// Lambda publishes Errors/Throttles only for invocations that happen; no
 		// data = nothing failed (a dispatcher that never runs trips the lag and
 		// due-backlog alarms instead): NOT_BREACHING.

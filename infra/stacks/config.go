@@ -42,6 +42,7 @@ const (
 	MetricParkedEvents            = "OutboxParkedEvents"
 	MetricOldestDueAgeSeconds     = "OldestDueAgeSeconds"
 	MetricRetryingAggregates      = "RetryingAggregates"
+	MetricStrandedEvents          = "OutboxStrandedEvents"
 	MetricPublished               = "Published"
 	MetricRetries                 = "Retries"
 	MetricProcessed               = "Processed"
@@ -94,6 +95,8 @@ type Thresholds struct {
 	ParkedAggregates float64
 	// ParkedEvents: events held behind dead heads, the dead ones included.
 	ParkedEvents float64
+	// StrandedEvents: events pending over 5 minutes that no claim reaches.
+	StrandedEvents float64
 	// ConsumerLagSeconds: now - occurred_at of the oldest event in a consumer batch.
 	ConsumerLagSeconds float64
 	// ConsumerFailures: failed records per consumer over 5 minutes.
@@ -163,6 +166,7 @@ func DefaultThresholds() Thresholds {
 		DeadEvents:                   0,
 		ParkedAggregates:             0,
 		ParkedEvents:                 1000,
+		StrandedEvents:               0,
 		ConsumerLagSeconds:           300,
 		ConsumerFailures:             10,
 		QueueOldestMessageAgeSeconds: 300,

@@ -898,6 +898,7 @@ func TestAlarms(t *testing.T) {
 		stacks.AlarmDeadEvents:        {stacks.MetricDeadEvents, th.DeadEvents, ignore, 300, 1, 1},
 		stacks.AlarmParkedAggregates:  {stacks.MetricParkedAggregates, th.ParkedAggregates, ignore, 300, 1, 1},
 		stacks.AlarmParkedEvents:      {stacks.MetricParkedEvents, th.ParkedEvents, ignore, 300, 1, 1},
+		stacks.AlarmStrandedEvents:    {stacks.MetricStrandedEvents, th.StrandedEvents, ignore, 300, 1, 1},
 		stacks.AlarmDispatcherErrors:  {"Errors", th.DispatcherErrors, notBreaching, 300, 1, 1},
 		stacks.AlarmDispatcherThrottl: {"Throttles", th.DispatcherThrottles, notBreaching, 300, 1, 1},
 		stacks.AlarmScheduleDLQ:       {"ApproximateNumberOfMessagesVisible", th.ScheduleDLQVisibleMessages, notBreaching, 300, 1, 1},

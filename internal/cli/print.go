@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/redrive"
 	"github.com/fifobox/fifobox/pkg/transport"
 )
@@ -62,6 +63,10 @@ func printStatus(w io.Writer, s *redrive.Status) {
 		fmt.Fprintf(tw, "  backing off after a failed publish\t%d events, %d aggregates retrying\n", o.BackingOffEvents, o.RetryingAggregates)
 		fmt.Fprintf(tw, "  parked behind dead events\t%d events, %d aggregates, %d dead\n", o.ParkedEvents, o.ParkedAggregates, o.Dead)
 		fmt.Fprintf(tw, "  oldest unsent event\t%s\n", age(o.OldestPendingAge))
+		if o.StrandedEvents > 0 {
+			fmt.Fprintf(tw, "  stranded (no claim reaches them)\t%d events pending over %s: run fifobox repair-heads\n",
+				o.StrandedEvents, outbox.StrandedAfter)
+		}
 		txNote := ""
 		if o.OldestTransactionPartial {
 			txNote = " (the migration owner's sessions only: it lacks pg_read_all_stats)"

@@ -28,6 +28,7 @@ const (
 	MetricParkedEvents       = "OutboxParkedEvents"     // unsent events held behind a dead head, the dead head included (Count)
 	MetricOldestDueAgeSecond = "OldestDueAgeSeconds"    // publish lag: age of the oldest due event, parked and backing-off ones excluded (Seconds)
 	MetricRetryingAggregates = "RetryingAggregates"     // aggregates whose head is backing off after a retryable publish failure (Count)
+	MetricStrandedEvents     = "OutboxStrandedEvents"   // events pending > outbox.StrandedAfter that no claim can reach: never published until repaired (Count)
 	// The server's oldest transaction holding back vacuum, in any database of the cluster (Seconds).
 	MetricOldestTransactionAgeSeconds = "OldestTransactionAgeSeconds"
 	// Counters, summed over batches.
@@ -57,6 +58,7 @@ func (e *Emitter) DispatcherBacklog(b outbox.Backlog) error {
 		Metric{Name: MetricParkedEvents, Unit: Count, Value: float64(b.ParkedEvents)},
 		Metric{Name: MetricOldestDueAgeSecond, Unit: Seconds, Value: b.OldestDueAge.Seconds()},
 		Metric{Name: MetricRetryingAggregates, Unit: Count, Value: float64(b.RetryingAggregates)},
+		Metric{Name: MetricStrandedEvents, Unit: Count, Value: float64(b.StrandedEvents)},
 		Metric{Name: MetricOldestTransactionAgeSeconds, Unit: Seconds, Value: b.OldestTransactionAge.Seconds()},
 	)
 }

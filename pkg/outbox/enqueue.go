@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -46,8 +45,21 @@ func (w Writer) Enqueue(ctx context.Context, tx pgx.Tx, events ...envelope.Envel
 		return fmt.Errorf("enqueue: Writer.MaxMessageBytes %d: must be at most %d (the SNS message limit)", limit, envelope.DefaultMaxMessageBytes)
 	}
 	seen := make(map[string]int, len(events))
-	type aggKey struct{ typ, id string }
-	counts := map[aggKey]int64{}
+	n := len(events)
+	var (
+		ids          = make([]string, n)
+		types        = make([]string, n)
+		occurred     = make([]time.Time, n)
+		aggTypes     = make([]string, n)
+		aggIDs       = make([]string, n)
+		tenants      = make([]string, n)
+		correlations = make([]string, n)
+		causations   = make([]string, n)
+		traceparents = make([]string, n)
+		tracestates  = make([]string, n)
+		versions     = make([]int64, n)
+		payloads     = make([]string, n)
+	)
 	for i, e := range events {
 		e.Sequence = 0
 		if err := e.ValidateWithLimit(limit); err != nil {
@@ -58,71 +70,17 @@ func (w Writer) Enqueue(ctx context.Context, tx pgx.Tx, events ...envelope.Envel
 				Field: "id", Kind: envelope.ErrInvalid, Reason: fmt.Sprintf("same id as event %d", j)})
 		}
 		seen[e.ID] = i
-		counts[aggKey{e.AggregateType, e.AggregateID}]++
+		ids[i], types[i], occurred[i], aggTypes[i], aggIDs[i] = e.ID, e.Type, e.OccurredAt, e.AggregateType, e.AggregateID
+		tenants[i], correlations[i], causations[i] = e.TenantID, e.CorrelationID, e.CausationID
+		traceparents[i], tracestates[i] = e.TraceParent, e.TraceState
+		versions[i], payloads[i] = int64(e.SchemaVersion), string(e.Payload)
 	}
 
-	// Reserve sequence ranges. Aggregates are sorted so that concurrent
-	// transactions lock them in the same order and cannot deadlock.
-	keys := make([]aggKey, 0, len(counts))
-	for k := range counts {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(i, j int) bool {
-		if keys[i].typ != keys[j].typ {
-			return keys[i].typ < keys[j].typ
-		}
-		return keys[i].id < keys[j].id
-	})
-	types := make([]string, len(keys))
-	ids := make([]string, len(keys))
-	ns := make([]int64, len(keys))
-	for i, k := range keys {
-		types[i], ids[i], ns[i] = k.typ, k.id, counts[k]
-	}
-	rows, err := tx.Query(ctx, sqlReserveSeq, types, ids, ns)
-	if err != nil {
-		return fmt.Errorf("enqueue: reserve sequence: %w", err)
-	}
-	next := make(map[aggKey]int64, len(keys))
-	for rows.Next() {
-		var k aggKey
-		var last int64
-		if err := rows.Scan(&k.typ, &k.id, &last); err != nil {
-			rows.Close()
-			return fmt.Errorf("enqueue: reserve sequence: %w", err)
-		}
-		next[k] = last - counts[k] + 1
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("enqueue: reserve sequence: %w", err)
-	}
-
-	n := len(events)
-	var (
-		eventIDs    = make([]string, n)
-		eventTypes  = make([]string, n)
-		aggTypes    = make([]string, n)
-		aggIDs      = make([]string, n)
-		seqs        = make([]int64, n)
-		tenants     = make([]string, n)
-		traceparent = make([]string, n)
-		occurred    = make([]time.Time, n)
-		bodies      = make([][]byte, n)
-	)
-	for i, e := range events {
-		k := aggKey{e.AggregateType, e.AggregateID}
-		e.Sequence = next[k]
-		next[k]++
-		body, err := e.Encode()
-		if err != nil {
-			return fmt.Errorf("enqueue event %d: %w", i, err)
-		}
-		eventIDs[i], eventTypes[i], aggTypes[i], aggIDs[i] = e.ID, e.Type, e.AggregateType, e.AggregateID
-		seqs[i], tenants[i], traceparent[i], occurred[i], bodies[i] = e.Sequence, e.TenantID, e.TraceParent, e.OccurredAt, body
-	}
-	if _, err := tx.Exec(ctx, sqlInsertEvents, eventIDs, eventTypes, aggTypes, aggIDs, seqs, tenants, traceparent, occurred, bodies,
-		types, ids); err != nil {
+	// Validated here for typed errors without a round trip; validated again,
+	// numbered, encoded and inserted by fifobox_enqueue_events (sqlEnqueue),
+	// the only way the producer role reaches the outbox's counters.
+	if _, err := tx.Exec(ctx, sqlEnqueue, ids, types, occurred, aggTypes, aggIDs, tenants, correlations, causations,
+		traceparents, tracestates, versions, payloads, limit); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "outbox_event_id_key" {
 			return fmt.Errorf("enqueue: %w", ErrDuplicateEvent)

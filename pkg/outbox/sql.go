@@ -5,31 +5,20 @@ package outbox
 // no advisory locks), so it runs unchanged through RDS Proxy or pgbouncer in
 // transaction mode.
 
-// sqlReserveSeq bumps each aggregate's counter by the number of new events
-// and returns the new last sequence. The upsert row-locks the aggregate until
-// the caller commits: writers of one aggregate serialise, so sequence order is
-// commit order and a dispatcher never sees N+1 committed before N.
-const sqlReserveSeq = `
-INSERT INTO outbox_aggregates (aggregate_type, aggregate_id, last_seq)
-SELECT t, i, n FROM unnest($1::text[], $2::text[], $3::bigint[]) AS u(t, i, n)
-ON CONFLICT (aggregate_type, aggregate_id)
-DO UPDATE SET last_seq = outbox_aggregates.last_seq + EXCLUDED.last_seq
-RETURNING aggregate_type, aggregate_id, last_seq`
-
-// sqlInsertEvents inserts the events and one wake-up per aggregate written
-// ($10, $11): the dispatcher's claim consumes wake-ups to find aggregates
-// with new events (migrations/00009_outbox_heads.sql explains why producers
-// never touch the dispatcher's heads directly).
-const sqlInsertEvents = `
-WITH wake AS (
-    INSERT INTO outbox_wakeups (aggregate_type, aggregate_id)
-    SELECT * FROM unnest($10::text[], $11::text[])
-)
-INSERT INTO outbox (event_id, event_type, aggregate_type, aggregate_id, aggregate_seq,
-                    tenant_id, traceparent, occurred_at, body)
-SELECT e, ty, at, ai, s, NULLIF(te, ''), NULLIF(tp, ''), o, b
-FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::bigint[],
-            $6::text[], $7::text[], $8::timestamptz[], $9::bytea[]) AS u(e, ty, at, ai, s, te, tp, o, b)`
+// sqlEnqueue writes events through fifobox_enqueue_events (migrations
+// 00013, 00014; SECURITY DEFINER since 00038), the one implementation behind
+// every enqueue path: it validates each event again (a producer's rights
+// reach the outbox only through it or the insert trigger), reserves the
+// sequences (aggregates in byte order, each counter row-locked until the
+// caller commits, so sequence order is commit order), builds each body as
+// envelope.Encode does and writes one wake-up per aggregate. One round trip.
+//
+// Per event: $1 id, $2 type, $3 occurred_at, $4 aggregate type, $5 aggregate
+// id, $6 tenant, $7 correlation id, $8 causation id, $9 traceparent, $10
+// tracestate, $11 schema version, $12 payload; $13 the message size limit.
+const sqlEnqueue = `
+SELECT count(*) FROM fifobox_enqueue_events($1::text[], $2::text[], $3::timestamptz[], $4::text[], $5::text[],
+    $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::bigint[], $12::text[], $13::integer)`
 
 // sqlClaim is the dispatcher's claim: outbox_claim_runs, defined with the
 // design it rests on in migrations/00009_outbox_heads.sql (outbox_claim_heads
@@ -128,42 +117,43 @@ SELECT
     (SELECT coalesce(sum(unsent), 0)::bigint FROM active WHERE state = 'dead'),
     (SELECT count(*) FROM active WHERE state = 'ready' AND retry_since IS NOT NULL),
     (SELECT extract(epoch FROM now() - least((SELECT min(created_at) FROM oldest WHERE state = 'ready' AND NOT backing_off),
-                                             (SELECT oldest FROM woken_unsent)))::float8)`
+                                             (SELECT oldest FROM woken_unsent)))::float8),
+    -- Stranded: events written around the enqueue path (an insert that set
+    -- aggregate_seq itself, recorded by outbox_guard_insert in
+    -- outbox_unannounced, migrations/00038) still unsent after
+    -- StrandedAfter, and no claim reaches them: no ready or dead head at or
+    -- below them (none, or idle) and no wake-up for their aggregate. An event
+    -- below its head's next_seq is sent (00030). O(such events): repair-heads
+    -- and RebuildHeads clear the record; one primary-key probe each.
+    (SELECT count(*) FROM outbox_unannounced u
+     WHERE u.created_at < now() - interval '` + strandedAfterSQL + `'
+       AND EXISTS (SELECT 1 FROM outbox o WHERE o.id = u.event_row AND o.state = 'pending' OFFSET 0)
+       AND NOT EXISTS (SELECT 1 FROM outbox_heads h
+                       WHERE h.aggregate_type = u.aggregate_type AND h.aggregate_id = u.aggregate_id
+                         AND (h.state IN ('ready', 'dead') OR h.next_seq > u.aggregate_seq)
+                       OFFSET 0) -- a primary-key probe per event, never a join that reads every head
+       AND (u.aggregate_type, u.aggregate_id) NOT IN (SELECT w.aggregate_type, w.aggregate_id FROM outbox_wakeups w))`
+
+// strandedAfterSQL is StrandedAfter as sqlStats writes it.
+const strandedAfterSQL = "300 seconds"
 
 // sqlPrune deletes sent (and discarded) events created (legacy 'sent' rows:
 // sent) before $3 among the $2 rows after id $1, and returns how many it
 // deleted, the last id it looked at (NULL: end of the table) and whether it
-// saw a row younger than $3 (ids grow with time: nothing further is old
-// enough; a row's age is its creation, or for a sent or discarded row that
-// says when, that time). A window of ids, not a search for matches: every statement reads
-// at most $2 rows, and one Prune reads each row once, however few are
-// prunable. An event is sent when it is below its head's next_seq
-// (migrations/00030); one primary-key probe of outbox_heads per row.
-const sqlPrune = `
-WITH w AS MATERIALIZED (
-    SELECT o.id, o.state, o.aggregate_type, o.aggregate_id, o.aggregate_seq, o.created_at, o.sent_at
-    FROM outbox o WHERE o.id > $1 ORDER BY o.id LIMIT $2
-), del AS (
-    DELETE FROM outbox d USING w
-    WHERE d.id = w.id
-      AND CASE WHEN w.state IN ('sent', 'discarded') THEN coalesce(w.sent_at, w.created_at) < $3
-               WHEN w.state = 'pending' THEN w.created_at < $3
-                    AND w.aggregate_seq < (SELECT h.next_seq FROM outbox_heads h
-                                           WHERE h.aggregate_type = w.aggregate_type AND h.aggregate_id = w.aggregate_id)
-               ELSE false END
-    RETURNING 1
-)
-SELECT (SELECT count(*) FROM del), (SELECT max(id) FROM w),
-       coalesce((SELECT bool_or(CASE WHEN state IN ('sent', 'discarded') THEN coalesce(sent_at, created_at) ELSE created_at END >= $3)
-                 FROM w), false)`
+// saw a row younger than $3: outbox_prune (migrations/00038: the operations
+// role has no DELETE on the outbox, so it cannot delete an event still to be
+// published), whose statement says how.
+const sqlPrune = `SELECT * FROM outbox_prune($1::bigint, $2::integer, $3::timestamptz)`
 
 // sqlRequeueDead, sqlDiscardDead and sqlRebuildHeads are the operator's
-// actions on dead events and heads (functions in migrations/00009).
+// actions on dead events and heads (functions in migrations/00009;
+// outbox_repair_heads, 00038, is outbox_rebuild_heads that also clears the
+// record of events written around the enqueue path, now claimable).
 // $1 event ids, $2 aggregate type (” for any), $3 since, $4 until, $5 reason.
 const (
 	sqlRequeueDead  = `SELECT outbox_requeue_dead($1::uuid[], $2::text, $3::timestamptz, $4::timestamptz)`
 	sqlDiscardDead  = `SELECT outbox_discard_dead($1::uuid[], $2::text, $3::timestamptz, $4::timestamptz, $5::text)`
-	sqlRebuildHeads = `SELECT outbox_rebuild_heads()`
+	sqlRebuildHeads = `SELECT outbox_repair_heads()`
 )
 
 // sqlExtendLease renews a batch's lease (outbox_extend_lease,

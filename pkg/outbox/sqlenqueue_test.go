@@ -83,7 +83,26 @@ func viaGo(t testing.TB, pool *pgxpool.Pool, e envelope.Envelope) verdict {
 	if err != nil || len(rows) != 1 {
 		t.Fatalf("Go Enqueue stored %d rows (%v), want 1", len(rows), err)
 	}
+	checkEncoded(t, e, rows[0])
 	return verdict{Row: rows[0]}
+}
+
+// checkEncoded: the body stored for e is envelope.Encode's, byte for byte,
+// with the sequence the outbox gave it (since migration 00038 Enqueue
+// stores what fifobox_enqueue_events builds, so this is what keeps the SQL
+// encoder and Go's together). The outbox stores microseconds, as PostgreSQL
+// keeps them.
+func checkEncoded(t testing.TB, e envelope.Envelope, row storedRow) {
+	t.Helper()
+	e.Sequence = row.Seq
+	e.OccurredAt = e.OccurredAt.Truncate(time.Microsecond)
+	want, err := e.Encode()
+	if err != nil {
+		t.Fatalf("encode: %v", err)
+	}
+	if string(want) != row.Body {
+		t.Errorf("stored body differs from envelope.Encode:\n got %s\nwant %s", row.Body, want)
+	}
 }
 
 // sqlKinds maps fifobox_enqueue's SQLSTATEs to the envelope kinds.
@@ -451,6 +470,9 @@ func TestSQLEnqueueBatch(t *testing.T) {
 		goRows, err := stored(func(tx pgx.Tx) error { return outbox.Enqueue(ctx, tx, evs...) })
 		if err != nil {
 			t.Fatal(err)
+		}
+		for i, row := range goRows {
+			checkEncoded(t, evs[i], row)
 		}
 		sqlRows, err := stored(func(tx pgx.Tx) error {
 			rows, err := tx.Query(ctx, `SELECT event_id::text, sequence FROM fifobox_enqueue_batch($1::json)`, doc(evs))

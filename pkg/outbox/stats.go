@@ -35,6 +35,13 @@ type Backlog struct {
 	ParkedAggregates int64
 	// OldestPendingAge is how long the oldest pending event has waited (publish lag); 0 if none.
 	OldestPendingAge time.Duration
+	// StrandedEvents counts events written around the enqueue path (an
+	// insert that set aggregate_seq itself, which only the table owner can)
+	// that are unsent after StrandedAfter and that no claim can reach (no
+	// ready or dead head at or below them, no wake-up). They are never
+	// published until RebuildHeads (`fifobox repair-heads`) derives their
+	// heads.
+	StrandedEvents int64
 	// OldestTransactionAge is how long the oldest transaction holding back
 	// vacuum has been open on the server, in any database of the cluster
 	// (fifobox_oldest_transaction, migrations/00035): while it lasts, the
@@ -47,12 +54,17 @@ type Backlog struct {
 	OldestTransactionPartial bool
 }
 
+// StrandedAfter is how long an unreachable pending event waits before it
+// counts as stranded: far longer than a wake-up takes to be consumed (the
+// next claim), so a live event is never counted.
+const StrandedAfter = 300 * time.Second
+
 // Stats reads the current backlog.
 func Stats(ctx context.Context, db DB) (Backlog, error) {
 	var b Backlog
 	var age, dueAge *float64
 	err := db.QueryRow(ctx, sqlStats).Scan(&b.Pending, &b.Dead, &b.ParkedAggregates, &b.InFlight, &age,
-		&b.DueEvents, &b.BackingOffEvents, &b.ParkedEvents, &b.RetryingAggregates, &dueAge)
+		&b.DueEvents, &b.BackingOffEvents, &b.ParkedEvents, &b.RetryingAggregates, &dueAge, &b.StrandedEvents)
 	if err != nil {
 		return Backlog{}, fmt.Errorf("outbox stats: %w", err)
 	}

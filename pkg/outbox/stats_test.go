@@ -131,3 +131,49 @@ func TestStatsOldestTransactionAge(t *testing.T) {
 		t.Fatalf("oldest transaction %s (partial %v); want at least the 1.5 s one held here, seen whole", st.OldestTransactionAge, st.OldestTransactionPartial)
 	}
 }
+
+// An event no claim can reach (written around the enqueue path: here by the
+// owner with aggregate_seq set and no wake-up, or behind an idle head)
+// counts as stranded once older than StrandedAfter, and RebuildHeads makes
+// it claimable again. Events a claim will reach (a ready or dead head at or
+// below them, a wake-up) and young ones never count.
+func TestStatsCountStrandedEvents(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	exec := func(sql string) {
+		t.Helper()
+		if _, err := db.Pool.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	old := fmt.Sprintf("now() - interval '%d seconds'", int(StrandedAfter.Seconds())+60)
+	exec(`INSERT INTO outbox (event_id, event_type, aggregate_type, aggregate_id, aggregate_seq, occurred_at, body, state, created_at)
+SELECT gen_random_uuid(), 'order.updated', 'order', a, s, now(), '\x7b7d', st, ` + old + ` + make_interval(secs => young)
+FROM (VALUES ('s-1', 1, 'pending', 0),   -- no head, no wake-up: stranded
+             ('s-1', 2, 'pending', 0),   -- and its successor
+             ('s-2', 1, 'pending', 0),   -- behind an idle head: stranded
+             ('s-3', 1, 'pending', 0),   -- ready head: the claim reaches it
+             ('s-4', 1, 'pending', 0),   -- a wake-up will make its head
+             ('s-5', 1, 'pending', 300), -- younger than StrandedAfter
+             ('s-6', 1, 'pending', 0),   -- below its head's next_seq
+             ('s-7', 1, 'dead', 0),      -- parked behind a dead head
+             ('s-7', 2, 'pending', 0)) v(a, s, st, young)`)
+	exec(`INSERT INTO outbox_heads (aggregate_type, aggregate_id, next_seq, state) VALUES
+  ('order', 's-2', 1, 'idle'), ('order', 's-3', 1, 'ready'), ('order', 's-6', 2, 'idle'), ('order', 's-7', 1, 'dead')`)
+	exec(`INSERT INTO outbox_wakeups (aggregate_type, aggregate_id) VALUES ('order', 's-4')`)
+
+	b, err := Stats(ctx, db.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.StrandedEvents != 3 {
+		t.Fatalf("stranded %d, want 3 (s-1 #1 and #2, s-2 #1)", b.StrandedEvents)
+	}
+	if _, err := RebuildHeads(ctx, db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	if b, err = Stats(ctx, db.Pool); err != nil || b.StrandedEvents != 0 {
+		t.Fatalf("after RebuildHeads: stranded %d (%v), want 0", b.StrandedEvents, err)
+	}
+}

@@ -74,6 +74,9 @@ type OutboxStatus struct {
 	// OldestPendingAge is the oldest unsent event's age (dead, parked and
 	// backing-off ones included).
 	OldestPendingAge Duration `json:"oldest_pending_age_seconds"`
+	// StrandedEvents: events pending longer than outbox.StrandedAfter that
+	// no claim can reach (written around the enqueue path): repair-heads.
+	StrandedEvents int64 `json:"stranded_events"`
 	// OldestTransactionAge is how long the server's oldest transaction
 	// holding back vacuum has been open (any database of the cluster);
 	// OldestTransactionPartial: only the migration owner's sessions were
@@ -205,7 +208,7 @@ func (s *Service) outboxStatus(ctx context.Context, o *OutboxStatus) Section {
 	*o = OutboxStatus{Pending: b.Pending, DueEvents: b.DueEvents, InFlightAggregates: b.InFlight,
 		BackingOffEvents: b.BackingOffEvents, RetryingAggregates: b.RetryingAggregates, ParkedEvents: b.ParkedEvents,
 		ParkedAggregates: b.ParkedAggregates, Dead: b.Dead, OldestDueAge: Duration(b.OldestDueAge), OldestPendingAge: Duration(b.OldestPendingAge),
-		OldestTransactionAge: Duration(b.OldestTransactionAge), OldestTransactionPartial: b.OldestTransactionPartial}
+		StrandedEvents: b.StrandedEvents, OldestTransactionAge: Duration(b.OldestTransactionAge), OldestTransactionPartial: b.OldestTransactionPartial}
 	return Section{State: StateOK}
 }
 

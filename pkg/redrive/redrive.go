@@ -60,6 +60,7 @@ const (
 	OpRequeueDead  = "dead-requeue"
 	OpDiscardDead  = "dead-discard"
 	OpRetryNow     = "retry-now"
+	OpRepairHeads  = "repair-heads"
 	OpDLQRedrive   = "redrive"
 	OpDLQList      = "dlq-list"
 	OpDLQPeek      = "dlq-peek"
@@ -367,6 +368,8 @@ func (s *Service) Execute(ctx context.Context, cmd Command) (Result, error) {
 		res, err = s.dlqDiscard(ctx, cmd)
 	case OpRetryNow:
 		res, err = s.retryNow(ctx, cmd)
+	case OpRepairHeads:
+		res, err = s.repairHeads(ctx, cmd)
 	case OpRequeueDead:
 		res, err = s.requeueDead(ctx, cmd)
 	case OpDiscardDead:

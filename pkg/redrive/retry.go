@@ -146,3 +146,39 @@ func (s *Service) retryNow(ctx context.Context, cmd Command) (Result, error) {
 	s.log.Info("redrive operation finished", "audit_id", res.AuditID, "operation", cmd.Operation, "actor", cmd.Actor, "status", "done", "affected", aggs)
 	return res, nil
 }
+
+// repairHeads derives every head from the outbox (outbox.RebuildHeads), so
+// stranded events become claimable, audited in the transaction that
+// changes them. A dry run counts the stranded events.
+func (s *Service) repairHeads(ctx context.Context, cmd Command) (Result, error) {
+	res := Result{Operation: cmd.Operation, DryRun: cmd.DryRun}
+	b, err := outbox.Stats(ctx, s.db)
+	if err != nil {
+		return res, fmt.Errorf("repair-heads: %w", err)
+	}
+	if cmd.DryRun {
+		res.Affected = b.StrandedEvents
+		res.Message = fmt.Sprintf("%d events are stranded (pending over %s, no claim reaches them); repair-heads would make them publishable", b.StrandedEvents, outbox.StrandedAfter)
+		return res, nil
+	}
+	var heads int64
+	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		id, err := s.auditStart(ctx, tx, cmd)
+		if err != nil {
+			return err
+		}
+		res.AuditID = id
+		if heads, err = outbox.RebuildHeads(ctx, tx); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `UPDATE redrive_audit SET status = 'done', affected = $2, finished_at = now() WHERE id = $1`, id, heads)
+		return err
+	})
+	if err != nil {
+		return res, fmt.Errorf("repair-heads: %w", err)
+	}
+	res.Affected, res.Aggregates = heads, int(heads)
+	res.Message = fmt.Sprintf("derived %d heads from the outbox (%d events were stranded): the next dispatch publishes them", heads, b.StrandedEvents)
+	s.log.Info("redrive operation finished", "audit_id", res.AuditID, "operation", cmd.Operation, "actor", cmd.Actor, "status", "done", "affected", heads)
+	return res, nil
+}

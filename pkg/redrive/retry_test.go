@@ -131,3 +131,53 @@ func TestStatusErrorClassesOfDeadEvents(t *testing.T) {
 		t.Errorf("newest %q, want the last event's", cl[0].Newest)
 	}
 }
+
+// An event written around the enqueue path (the owner setting
+// aggregate_seq, no wake-up) is never claimed: status counts it stranded
+// once it has waited outbox.StrandedAfter, and repair-heads makes the next
+// dispatch publish it, after the events its aggregate already had.
+func TestRepairHeadsPublishesStrandedEvents(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	a := event("order", "o-1", "order.placed")
+	enqueue(t, db, a)
+	rec := &outboxtest.Recorder{}
+	d, err := outbox.NewDispatcher(db.Pool, rec, outbox.DispatcherConfig{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Drain(ctx); err != nil || rec.Len() != 1 {
+		t.Fatalf("drain: %d published, %v", rec.Len(), err)
+	}
+	// A restore written by the owner, sequences kept: o-1 #2 and o-9 #1.
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO outbox (event_id, event_type, aggregate_type, aggregate_id, aggregate_seq, occurred_at, body, created_at)
+		VALUES (gen_random_uuid(), 'order.paid', 'order', 'o-1', 2, now(), '{}', now() - interval '10 minutes'),
+		       (gen_random_uuid(), 'order.placed', 'order', 'o-9', 1, now(), '{}', now() - interval '10 minutes')`); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Drain(ctx); err != nil || rec.Len() != 1 {
+		t.Fatalf("drain before repair: %d published (%v), want still 1: the restored events are stranded", rec.Len(), err)
+	}
+	svc, _ := redrive.New(db.Pool, redrive.Config{Logger: quiet})
+	st, err := svc.Execute(ctx, redrive.Command{Operation: redrive.OpStatus})
+	if err != nil || st.Status.Outbox.StrandedEvents != 2 {
+		t.Fatalf("status: stranded %d (%v), want 2", st.Status.Outbox.StrandedEvents, err)
+	}
+	if res, err := svc.Execute(ctx, redrive.Command{Operation: redrive.OpRepairHeads, DryRun: true, Actor: "alice"}); err != nil || res.Affected != 2 {
+		t.Fatalf("repair-heads dry run: %+v %v, want 2 stranded", res, err)
+	}
+	if res, err := svc.Execute(ctx, redrive.Command{Operation: redrive.OpRepairHeads, Actor: "alice"}); err != nil || res.AuditID == 0 {
+		t.Fatalf("repair-heads: %+v %v", res, err)
+	}
+	if err := d.Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	acks := rec.Acks()
+	if len(acks) != 3 || acks[0].Sequence != 1 || acks[0].AggregateID != "o-1" {
+		t.Fatalf("published %+v, want o-1 #1 and then the two restored events", acks)
+	}
+	if st, err = svc.Execute(ctx, redrive.Command{Operation: redrive.OpStatus}); err != nil || st.Status.Outbox.StrandedEvents != 0 {
+		t.Fatalf("status after repair: stranded %d (%v), want 0", st.Status.Outbox.StrandedEvents, err)
+	}
+}

@@ -127,6 +127,17 @@ decides when an event goes dead, is kept. Audited.`,
 		Example: `  fifobox retry-now --dry-run
   fifobox retry-now --error NotFoundException
   fifobox retry-now --aggregate-type order --aggregate-id order-42`},
+	{Name: OpRepairHeads, Command: []string{"repair-heads"}, Args: []string{"dry_run"}, Changes: true,
+		Short: "Make stranded outbox events publishable: derive every aggregate's head from its unsent events",
+		Long: `An event written into the outbox around fifobox's enqueue path (by the table owner
+with aggregate_seq set) is never claimed unless its aggregate has a head: status
+counts it as stranded once it has waited 5 minutes, and so does the
+OutboxStrandedEvents alarm. repair-heads gives every aggregate with an unsent
+event a head at its lowest one, so the next dispatch publishes them in order. It
+never moves a head a dispatcher holds, so it is safe while dispatchers run.
+Audited.`,
+		Example: `  fifobox repair-heads --dry-run
+  fifobox repair-heads`},
 	{Name: OpDLQRedrive, Command: []string{"redrive"}, Args: []string{"consumer", "from", "groups", "aggregates", "dry_run", "max"},
 		Required: []string{"consumer"}, Changes: true, Broker: true, Progress: true,
 		Short: "Move a consumer's DLQ (or subscription DLQ) messages back to its queue, keeping message groups and their order",

@@ -16,6 +16,9 @@ import "strings"
 var (
 	// PublishRetrying: publishing fails and aggregates back off.
 	PublishRetrying = []string{"fifobox status", "fifobox retry-now"}
+	// StrandedEvents: pending events no claim reaches (written around the
+	// enqueue path): derive their heads so the dispatcher publishes them.
+	StrandedEvents = []string{"fifobox status", "fifobox repair-heads"}
 	// DeadEvents: outbox events went dead (and park their aggregates).
 	DeadEvents = []string{"fifobox dead list", "fifobox dead requeue --event-id <event-id>"}
 	// DLQMessages: a consumer's DLQ holds messages.
@@ -36,6 +39,7 @@ var (
 var All = map[string][]string{
 	"PublishRetrying":         PublishRetrying,
 	"DeadEvents":              DeadEvents,
+	"StrandedEvents":          StrandedEvents,
 	"DLQMessages":             DLQMessages,
 	"SubscriptionDLQMessages": SubscriptionDLQMessages,
 	"DeliveryLost":            DeliveryLost,

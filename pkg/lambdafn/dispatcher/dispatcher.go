@@ -190,6 +190,7 @@ type BacklogReport struct {
 	ParkedAggregates    int64   `json:"parked_aggregates"`
 	OldestDueAgeSec     float64 `json:"oldest_due_age_seconds"`
 	OldestPendingAgeSec float64 `json:"oldest_pending_age_seconds"`
+	Stranded            int64   `json:"stranded"`
 	// OldestTransactionAgeSec is the server's oldest transaction holding
 	// back vacuum (outbox.Backlog.OldestTransactionAge).
 	OldestTransactionAgeSec float64 `json:"oldest_transaction_age_seconds"`
@@ -198,7 +199,7 @@ type BacklogReport struct {
 func report(b outbox.Backlog) BacklogReport {
 	return BacklogReport{Pending: b.Pending, Due: b.DueEvents, BackingOff: b.BackingOffEvents, Parked: b.ParkedEvents,
 		RetryingAggregates: b.RetryingAggregates, InFlight: b.InFlight, Dead: b.Dead, ParkedAggregates: b.ParkedAggregates,
-		OldestDueAgeSec: b.OldestDueAge.Seconds(), OldestPendingAgeSec: b.OldestPendingAge.Seconds(),
+		OldestDueAgeSec: b.OldestDueAge.Seconds(), OldestPendingAgeSec: b.OldestPendingAge.Seconds(), Stranded: b.StrandedEvents,
 		OldestTransactionAgeSec: b.OldestTransactionAge.Seconds()}
 }
 
@@ -276,7 +277,7 @@ func (h *Handler) Handle(ctx context.Context, _ json.RawMessage) (Result, error)
 	h.log.Info("dispatcher invocation done", "batches", res.Batches, "published", res.Published, "retries", res.Retries,
 		"dead", res.Dead, "lost", res.Lost, "pending", res.End.Pending, "due", res.End.Due, "backing_off", res.End.BackingOff,
 		"parked", res.End.Parked, "dead_total", res.End.Dead, "oldest_due_age_seconds", res.End.OldestDueAgeSec,
-		"oldest_transaction_age_seconds", res.End.OldestTransactionAgeSec,
+		"stranded", res.End.Stranded, "oldest_transaction_age_seconds", res.End.OldestTransactionAgeSec,
 		"duration_ms", res.DurationMs)
 	return res, runErr
 }
