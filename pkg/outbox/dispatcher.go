@@ -262,6 +262,8 @@ type Dispatcher struct {
 	// succeeded counts RunOnce calls that returned no error: Run's retry
 	// backoff starts over once one does.
 	succeeded atomic.Int64
+	// failedAt is succeeded's count when Drain's first error happened.
+	failedAt atomic.Int64
 }
 
 // NewDispatcher returns a Dispatcher reading from db and publishing with pub.
@@ -620,7 +622,7 @@ func (d *Dispatcher) Drain(ctx context.Context) error {
 				cond.Broadcast()
 				if err != nil {
 					if ctx.Err() == nil {
-						errOnce.Do(func() { firstErr = err })
+						errOnce.Do(func() { firstErr = err; d.failedAt.Store(d.succeeded.Load()) })
 					}
 					stop()
 					return
@@ -642,14 +644,18 @@ func (d *Dispatcher) Drain(ctx context.Context) error {
 func (d *Dispatcher) Run(ctx context.Context) error {
 	stopAt, hasDeadline := d.stopAt(ctx)
 	failures := 0
+	// succeeded's count when the last failure happened: a batch that
+	// succeeded since then, in that Drain after the failure or in this
+	// one, starts the backoff over.
+	atFailure := int64(-1)
 	for {
-		before := d.succeeded.Load()
 		err := d.Drain(ctx)
 		wait := d.cfg.PollInterval
 		if err != nil {
-			if d.succeeded.Load() != before {
+			if d.succeeded.Load() != atFailure {
 				failures = 0
 			}
+			atFailure = d.failedAt.Load()
 			failures++
 			wait = min(d.cfg.PollInterval<<min(failures, 8), 5*time.Second)
 			d.log.Warn("outbox dispatch failed; will retry", "error", err.Error(), "retry_in", wait.String())
