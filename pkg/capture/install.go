@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/fifobox/fifobox/migrations"
 	"github.com/fifobox/fifobox/pkg/wire"
 )
 
@@ -82,9 +83,14 @@ func Install(ctx context.Context, db Beginner, p *wire.Profile, cfg InstallConfi
 		// fifobox's connections put its schema first in search_path: an
 		// unqualified source table named like one of fifobox's (seeds/004's
 		// outbox) would resolve to fifobox's own table.
+		names, err := migrations.ObjectNames()
+		if err != nil {
+			return fmt.Errorf("capture: %w", err)
+		}
 		var own bool
-		if err := tx.QueryRow(ctx, `SELECT coalesce((SELECT relnamespace = $2::regnamespace FROM pg_class WHERE oid = to_regclass($1)), false)`,
-			p.Source.Table, pgx.Identifier{schema}.Sanitize()).Scan(&own); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT coalesce((SELECT relnamespace = $2::regnamespace AND relname = ANY($3)
+			FROM pg_class WHERE oid = to_regclass($1)), false)`,
+			p.Source.Table, pgx.Identifier{schema}.Sanitize(), names).Scan(&own); err != nil {
 			return fmt.Errorf("capture: look up source.table: %w", err)
 		}
 		if own {
