@@ -277,15 +277,22 @@ func TestObjectNamesCoverAnInstall(t *testing.T) {
 	}
 }
 
-// A fresh Up into a schema that does not exist yet creates it.
+// A fresh Up into a schema that does not exist yet creates it, once, with
+// several processes migrating at the same time.
 func TestUpCreatesItsSchema(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	user := pgtest.NewEmpty(t)
 	target := user.Schema + "_fifobox"
 	pool := poolWithPath(t, fmt.Sprintf(`"%s", "$user", %s`, target, user.Schema), target)
-	if err := migrations.Up(ctx, pool); err != nil {
-		t.Fatal(err)
+	errs := make(chan error, 3)
+	for range 3 {
+		go func() { errs <- migrations.Up(ctx, pool) }()
+	}
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
 	}
 	var where string
 	if err := pool.QueryRow(ctx, `SELECT relnamespace::regnamespace::text FROM pg_class WHERE oid = 'outbox'::regclass`).Scan(&where); err != nil || where != target {
