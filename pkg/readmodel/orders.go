@@ -47,26 +47,31 @@ ON CONFLICT (order_id) DO UPDATE SET
 // sqlSetup creates the read model (the demo's table, not fifobox's: no
 // migration creates it) and lets fifobox's consumer role write it.
 const sqlSetup = `
-CREATE TABLE IF NOT EXISTS orders_read_model (
-    order_id      text        PRIMARY KEY,
-    customer_id   text        NOT NULL DEFAULT '',
-    amount_cents  bigint      NOT NULL DEFAULT 0,
-    currency      text        NOT NULL DEFAULT '',
-    status        text        NOT NULL,
-    last_sequence bigint      NOT NULL,
-    event_count   integer     NOT NULL,
-    updated_at    timestamptz NOT NULL DEFAULT now()
-);
-DO $grant$
+DO $setup$
 BEGIN
+    -- One found anywhere on the search_path is the demo's (an install from
+    -- before fifobox had its own schema keeps it in public): another one in
+    -- the first schema would shadow it.
+    IF to_regclass('orders_read_model') IS NULL THEN
+        CREATE TABLE orders_read_model (
+            order_id      text        PRIMARY KEY,
+            customer_id   text        NOT NULL DEFAULT '',
+            amount_cents  bigint      NOT NULL DEFAULT 0,
+            currency      text        NOT NULL DEFAULT '',
+            status        text        NOT NULL,
+            last_sequence bigint      NOT NULL,
+            event_count   integer     NOT NULL,
+            updated_at    timestamptz NOT NULL DEFAULT now()
+        );
+    END IF;
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'fifobox_consumer') THEN
         GRANT SELECT, INSERT, UPDATE, DELETE ON orders_read_model TO fifobox_consumer;
     END IF;
 END
-$grant$`
+$setup$`
 
-// Setup creates the orders_read_model table if it does not exist (in the
-// connection's current schema) and grants fifobox_consumer its use: what the
+// Setup creates the orders_read_model table if none is on the search_path
+// (in the connection's current schema) and grants fifobox_consumer its use: what the
 // demo (make local, the example consumer) runs before its consumers start.
 // It needs the right to create tables there; an existing table is kept as
 // it is.
