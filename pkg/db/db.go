@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"os"
@@ -27,6 +28,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/feature/rds/auth"
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fifobox/fifobox/pkg/envspec"
@@ -341,9 +343,32 @@ func Open(ctx context.Context, c Config, creds aws.CredentialsProvider) (*pgxpoo
 	}
 	pctx, cancel := context.WithTimeout(ctx, OpenTimeout)
 	defer cancel()
-	if err := pool.Ping(pctx); err != nil {
+	err = pool.Ping(pctx)
+	if err != nil && refusesSearchPath(err) {
+		// A connection pooler (PgBouncer before 1.20, for one) refuses
+		// search_path as a startup parameter. Connect without it: fifobox's
+		// schema must then be on the search_path the server gives this role
+		// (ALTER ROLE ... SET search_path, docs/operations.md); if it is not,
+		// every statement fails loudly with "relation does not exist".
+		pool.Close()
+		slog.Warn("the database (or a pooler in front of it) refuses search_path at connect: using the role's own search_path",
+			"host", pc.ConnConfig.Host, "search_path", pc.ConnConfig.RuntimeParams["search_path"])
+		delete(pc.ConnConfig.RuntimeParams, "search_path")
+		if pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
+			return nil, fmt.Errorf("open database pool: %w", err)
+		}
+		err = pool.Ping(pctx)
+	}
+	if err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("connect to database %s: %w", pc.ConnConfig.Host, err)
 	}
 	return pool, nil
+}
+
+// refusesSearchPath reports whether the server or a pooler refused the
+// search_path startup parameter.
+func refusesSearchPath(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "08P01" && strings.Contains(pe.Message, "search_path")
 }

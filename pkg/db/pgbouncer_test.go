@@ -69,6 +69,12 @@ func TestThroughPgbouncerTransactionMode(t *testing.T) {
 	if err := migrations.Up(ctx, direct); err != nil {
 		t.Fatal(err)
 	}
+	// PgBouncer 1.18 refuses search_path at connect, so db.Open connects
+	// without it: the database's own default must name fifobox's schema, as
+	// docs/operations.md tells pooler users to set it.
+	if _, err := admin.Exec(ctx, fmt.Sprintf(`ALTER DATABASE %s SET search_path = %s, "$user", public`, dbName, db.DefaultSchema)); err != nil {
+		t.Fatal(err)
+	}
 
 	port := freePort(t)
 	dir, err := os.MkdirTemp("", "pgbouncer")
