@@ -45,7 +45,17 @@ type Runner struct {
 	c      Consumer
 	dlq    *sender
 	onSkip func(inbox.Settlement)
+	// lastDelivery is the consumer sequence of the session's last delivery
+	// and lost says one was skipped (both used on the client's delivery
+	// goroutine only, reset per session): see dispatch.
+	lastDelivery uint64
+	lost         bool
+	onLost       func()
 }
+
+// errDeliveryLost ends a session whose consumer sequence skipped a number:
+// a delivery sent while the connection was cut never arrived.
+var errDeliveryLost = errors.New("a delivery was lost in transit (consumer sequence gap)")
 
 var _ transport.Runner = (*Runner)(nil)
 
@@ -82,6 +92,13 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 		failures++
 		wait := min(r.cfg.ReconnectWait<<min(failures-1, 16), r.cfg.ReconnectMaxDelay)
+		if errors.Is(err, errDeliveryLost) {
+			// The lost delivery comes back only when its AckWait ends; the
+			// ones after it were left unacknowledged, so they expire with it
+			// and the server redelivers them together, in stream order.
+			// Resuming sooner would apply the later ones first.
+			wait = time.Duration(r.c.AckWait) + time.Second
+		}
 		if err != nil {
 			r.cfg.Logger.Warn("nats consumer: session ended; reconnecting", "consumer", r.c.Name, "retry_in", wait.String(), "error", err.Error())
 		}
@@ -121,6 +138,8 @@ func (r *Runner) session(ctx context.Context) error {
 		default:
 		}
 	}
+	r.lastDelivery, r.lost = 0, false
+	r.onLost = func() { report(errDeliveryLost) }
 	s := r.engine.Start(ctx, &broker{topo: &r.cfg.Topology, c: c, dlq: r.dlq, log: r.cfg.Logger}, report)
 	cc, err := cons.Consume(func(m jetstream.Msg) { r.dispatch(s, m) },
 		jetstream.PullMaxMessages(c.Batch),
@@ -154,6 +173,13 @@ func (r *Runner) session(ctx context.Context) error {
 	case <-cc.Closed():
 	case <-time.After(5 * time.Second):
 	}
+	if errors.Is(end, errDeliveryLost) {
+		// Everything the engine holds came before the lost delivery:
+		// finish it. Nothing is handed back: a Nak would bring it back
+		// before the lost one.
+		s.Stop(true)
+		return end
+	}
 	for _, rec := range s.Stop(end == nil) {
 		_ = rec.Handle.(*delivery).m.Nak()
 	}
@@ -173,6 +199,21 @@ func (r *Runner) dispatch(s *inbox.Session, m jetstream.Msg) {
 		r.cfg.Logger.Warn("nats consumer: not a JetStream message; ignored", "consumer", r.c.Name, "error", err.Error())
 		return
 	}
+	// Every delivery, redeliveries included, takes the next consumer
+	// sequence. A skipped number is a delivery sent while the connection was
+	// cut: it comes back only after its AckWait, so applying what follows
+	// now could apply an aggregate's later event before it. Stop taking
+	// deliveries (left unacknowledged) and end the session (see Run).
+	if r.lost || (r.lastDelivery != 0 && md.Sequence.Consumer != r.lastDelivery+1) {
+		if !r.lost {
+			r.lost = true
+			r.cfg.Logger.Warn("nats consumer: a delivery was lost in transit; resuming after its ack wait",
+				"consumer", r.c.Name, "after", r.lastDelivery, "got", md.Sequence.Consumer)
+			r.onLost()
+		}
+		return
+	}
+	r.lastDelivery = md.Sequence.Consumer
 	if !r.cfg.Topology.Selects(r.c, m.Subject()) {
 		_ = m.Ack()
 		if r.onSkip != nil {
