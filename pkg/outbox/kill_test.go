@@ -66,7 +66,7 @@ func TestKilledDispatcherRunsAreClaimedAgainQuickly(t *testing.T) {
 	var first time.Time
 	leaseEnd := func() time.Time {
 		var end *time.Time
-		if err := db.Pool.QueryRow(ctx, `SELECT max(due_at) FROM outbox_heads WHERE claim_token IS NOT NULL`).Scan(&end); err != nil {
+		if err := db.Pool.QueryRow(ctx, `SELECT max(coalesce(lease_until, due_at)) FROM outbox_heads WHERE claim_token IS NOT NULL`).Scan(&end); err != nil {
 			t.Fatal(err)
 		}
 		if end == nil {

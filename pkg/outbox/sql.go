@@ -71,6 +71,7 @@ WHERE id IN (SELECT id FROM outbox WHERE state = 'pending' ORDER BY id LIMIT $1 
 const sqlStats = `
 WITH active AS (
     SELECT h.aggregate_type, h.aggregate_id, h.state, h.next_seq, h.due_at, h.claim_token, h.retry_since,
+           coalesce(h.lease_until, h.due_at) AS lease_end,
            greatest(a.last_seq - h.next_seq + 1, 0) AS unsent,
            (h.state = 'ready' AND h.claim_token IS NULL AND h.due_at > now() AND h.retry_since IS NOT NULL) AS backing_off
     FROM (SELECT * FROM outbox_heads WHERE state = 'ready'
@@ -110,7 +111,7 @@ SELECT
     (SELECT coalesce(sum(unsent), 0)::bigint FROM active) + (SELECT n FROM woken_unsent) - (SELECT n FROM dead),
     (SELECT n FROM dead),
     (SELECT count(*) FROM active WHERE state = 'dead'),
-    (SELECT count(*) FROM active WHERE state = 'ready' AND claim_token IS NOT NULL AND due_at > now()),
+    (SELECT count(*) FROM active WHERE state = 'ready' AND claim_token IS NOT NULL AND lease_end > now()),
     (SELECT extract(epoch FROM now() - least((SELECT min(created_at) FROM oldest), (SELECT oldest FROM woken_unsent)))::float8),
     (SELECT coalesce(sum(unsent), 0)::bigint FROM active WHERE state = 'ready' AND NOT backing_off) + (SELECT n FROM woken_unsent),
     (SELECT coalesce(sum(unsent), 0)::bigint FROM active WHERE backing_off),
