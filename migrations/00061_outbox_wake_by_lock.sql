@@ -143,12 +143,19 @@ BEGIN
     -- their locks were granted (this statement's): one with an unsent event
     -- is made ready again (see above). One probe of the outbox's key per
     -- idled head; a head is written only if the race happened.
+    -- (A LATERAL probe with LIMIT, not EXISTS: the planner turned EXISTS
+    -- into a semi join that cost ~17 ms a call.)
+    IF idle_types IS NOT NULL THEN
+        SELECT array_agg(x.t), array_agg(x.i) INTO idle_types, idle_ids
+        FROM unnest(idle_types, idle_ids, idle_next) AS x(t, i, s)
+        CROSS JOIN LATERAL (SELECT 1 FROM outbox o
+                            WHERE o.aggregate_type = x.t AND o.aggregate_id = x.i AND o.aggregate_seq >= x.s
+                              AND o.state <> 'sent' AND o.state <> 'discarded'
+                            LIMIT 1) e;
+    END IF;
     IF idle_types IS NOT NULL THEN
         UPDATE outbox_heads h SET state = 'ready', due_at = now(), wakes = h.wakes + 1
-        FROM (SELECT x.t, x.i FROM unnest(idle_types, idle_ids, idle_next) AS x(t, i, s)
-              WHERE EXISTS (SELECT 1 FROM outbox o
-                            WHERE o.aggregate_type = x.t AND o.aggregate_id = x.i AND o.aggregate_seq >= x.s
-                              AND o.state <> 'sent' AND o.state <> 'discarded')) x
+        FROM unnest(idle_types, idle_ids) AS x(t, i)
         WHERE h.aggregate_type = x.t AND h.aggregate_id = x.i AND h.state = 'idle';
     END IF;
     RETURN recorded;
