@@ -216,7 +216,7 @@ func BenchmarkConsumer(b *testing.B) {
 // confinedPool is a pool on db's schema logged in as a fresh member of
 // fifobox_consumer mapped to consumer alone (migration 00021's row-level
 // security applies to it), dropped when the benchmark ends.
-func confinedPool(b *testing.B, db *pgtest.DB, consumer string) *pgxpool.Pool {
+func confinedPool(b testing.TB, db *pgtest.DB, consumer string) *pgxpool.Pool {
 	b.Helper()
 	ctx := context.Background()
 	user := db.Schema + "_bench"

@@ -171,8 +171,9 @@ func (t Table) compile() (*claimer, error) {
 
 // bulkSQL is the claim of n events in one statement: one VALUES row each
 // (so every value takes its column's type, as in the single claim), the
-// consumer's name once, and the event ids actually inserted returned as
-// text (a uuid column returns them in lower case).
+// consumer's name once ($1, if the table has its column), and the event
+// ids actually inserted returned as text (a uuid column returns them in
+// lower case).
 func (c *claimer) bulkSQL(n int) string {
 	if s, ok := c.bulk.Load(n); ok {
 		return s.(string)
@@ -185,7 +186,10 @@ func (c *claimer) bulkSQL(n int) string {
 	}
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "INSERT INTO %s (%s) VALUES ", c.ident, strings.Join(c.cols, ", "))
-	next := 2
+	next := 1
+	if c.table.Consumer != "" {
+		next = 2
+	}
 	for i := 0; i < n; i++ {
 		if i > 0 {
 			sb.WriteString(", ")
@@ -220,7 +224,9 @@ func (c *claimer) bulkSQL(n int) string {
 // bulkSQL); the rows it returns are the event ids it inserted.
 func (c *claimer) bulkQuery(consumer string, es []envelope.Envelope) *pgx.QueuedQuery {
 	args := make([]any, 0, 1+len(es)*len(c.fields))
-	args = append(args, consumer)
+	if c.table.Consumer != "" {
+		args = append(args, consumer)
+	}
 	for _, e := range es {
 		for _, f := range c.fields {
 			if f != "consumer" {

@@ -39,6 +39,11 @@ func TestEngineDedupesThroughTheDocumentsInboxTable(t *testing.T) {
 			inbox.Table{Name: "transfers_inbox", EventID: "eventId"},
 			`INSERT INTO transfers_inbox ("eventId") VALUES ($1)`,
 			`SELECT count(*) FROM transfers_inbox`},
+		{"text event ids",
+			`CREATE TABLE text_inbox (event_id text PRIMARY KEY, processed_at timestamptz NOT NULL DEFAULT now())`,
+			inbox.Table{Name: "text_inbox", EventID: "event_id"},
+			`INSERT INTO text_inbox (event_id) VALUES ($1)`,
+			`SELECT count(*) FROM text_inbox`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
