@@ -14,7 +14,9 @@ import (
 )
 
 // Apply is a consumer's side effect for one event, run inside the inbox
-// transaction. Return envelope.Permanent(err) for failures no retry can fix.
+// transaction, which it must not end (its Commit and Rollback refuse; the
+// engine commits it with the inbox claims). Return envelope.Permanent(err)
+// for failures no retry can fix.
 type Apply func(ctx context.Context, tx pgx.Tx, e envelope.Envelope) error
 
 // Failure classes, as reported in BatchMetrics and DLQ attributes.
