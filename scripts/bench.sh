@@ -49,6 +49,10 @@ echo "==> the dispatcher under skew: hot, deep, parked and zipf-spread aggregate
 go test -count=1 -run '^$' -bench 'BenchmarkDispatchSkew' -benchtime 1x -timeout 60m ./pkg/outbox/ | quiet
 
 settle
+echo "==> outbox storage per event by relation: the skew benchmark's rows, Enqueue's envelopes, a pruned retention window"
+go test -count=1 -run '^$' -bench 'BenchmarkOutboxStorage' -benchtime 1x -timeout 30m ./pkg/outbox/ | quiet
+
+settle
 echo "==> end to end through the emulator: dispatcher vs raw PublishBatch"
 go test -run '^$' -bench 'BenchmarkThroughEmulator' -benchtime 20000x -timeout 30m ./pkg/transport/sns/ | quiet
 
