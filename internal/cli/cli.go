@@ -34,6 +34,7 @@ import (
 
 	"github.com/fifobox/fifobox/pkg/awsclient"
 	"github.com/fifobox/fifobox/pkg/db"
+	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/lambdafn"
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/redrive"
@@ -291,6 +292,15 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 func (a *app) service(ctx context.Context, op string) (*redrive.Service, error) {
 	spec, _ := redrive.Spec(op)
 	cfg := redrive.Config{Logger: a.logger(), Progress: a.progress()}
+	if op == redrive.OpDLQDiscard {
+		// The discarded events are marked handled in the consumer's inbox
+		// table: the same variable the consumer reads.
+		t, err := inbox.TableFromEnv()
+		if err != nil {
+			return nil, err
+		}
+		cfg.Inbox = t
+	}
 	pool, err := a.connect(ctx)
 	if err != nil {
 		if op != redrive.OpStatus {

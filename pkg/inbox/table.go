@@ -323,3 +323,24 @@ func (t Table) Check(ctx context.Context, db CheckDB) error {
 	}
 	return nil
 }
+
+// Own says t is fifobox's own inbox, whose rows carry an outcome.
+func (t Table) Own() bool { return t == (Table{}) || t == fifoboxTable }
+
+// Claim writes e's claim row for consumer in tx, as applying it would, and
+// says whether the row is new: an event an operator discarded counts as
+// handled, so a later replay or copy of it is a duplicate. A table of the
+// consumer's own has no outcome column; fifobox's inbox records a discard
+// with outcome 'discarded' instead (pkg/redrive).
+func (t Table) Claim(ctx context.Context, tx pgx.Tx, consumer string, e envelope.Envelope) (bool, error) {
+	c, err := t.compile()
+	if err != nil {
+		return false, err
+	}
+	q := c.query(consumer, e)
+	tag, err := tx.Exec(ctx, q.SQL, q.Arguments...)
+	if err != nil {
+		return false, fmt.Errorf("inbox table %s: claim: %w", c.table.Name, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}

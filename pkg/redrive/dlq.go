@@ -9,6 +9,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/fifobox/fifobox/pkg/envelope"
+	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/transport"
 )
 
@@ -229,6 +231,13 @@ func (s *Service) dlqDiscard(ctx context.Context, cmd Command) (Result, error) {
 	}
 	req := transport.DiscardRequest{DLQSelection: cmd.selection(), Max: cmd.Max, DryRun: cmd.DryRun,
 		Progress: func(done, total int64) { s.progress(cmd.Operation, done, total) }}
+	if !s.cfg.Inbox.Own() {
+		// Checked before anything is deleted: the events must be marked
+		// handled where the consumer dedupes, or a replay would apply them.
+		if err := s.cfg.Inbox.Check(ctx, s.db); err != nil {
+			return res, fmt.Errorf("dlq-discard: %s (the consumer's inbox table, where the discarded events are marked handled): %w", inbox.EnvInboxTable, err)
+		}
+	}
 	auditID := int64(0)
 	if !cmd.DryRun {
 		if auditID, err = s.auditStart(ctx, s.db, cmd); err != nil {
@@ -283,6 +292,38 @@ func (s *Service) dlqDiscard(ctx context.Context, cmd Command) (Result, error) {
 	return res, nil
 }
 
+// markDiscarded records the discarded events as handled in the consumer's
+// inbox table: fifobox's inbox with outcome 'discarded', or the table of
+// the consumer's own (Config.Inbox), which has no outcome column, with the
+// claim row applying them would write.
+func (s *Service) markDiscarded(ctx context.Context, tx pgx.Tx, consumer string, msgs []transport.DLQMessage, ids, types, aggs []string, seqs []int64) (int64, error) {
+	t := s.cfg.Inbox
+	if t.Own() {
+		tag, err := tx.Exec(ctx, `INSERT INTO inbox (consumer, event_id, aggregate_type, aggregate_id, sequence, outcome)
+SELECT $1, d.id::uuid, d.t, d.a, d.s, 'discarded' FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[]) AS d(id, t, a, s)
+ON CONFLICT (consumer, event_id) DO NOTHING`, consumer, ids, types, aggs, seqs)
+		if err != nil {
+			return 0, err
+		}
+		return tag.RowsAffected(), nil
+	}
+	var marked int64
+	for _, m := range msgs {
+		if _, err := uuid.Parse(m.Key); err != nil {
+			continue // not an envelope: nothing can apply it
+		}
+		e := envelope.Envelope{ID: m.Key, Type: m.EventType, AggregateType: m.AggregateType, AggregateID: m.Group, Sequence: m.Sequence}
+		fresh, err := t.Claim(ctx, tx, consumer, e)
+		if err != nil {
+			return 0, fmt.Errorf("%w (%s names the consumer's inbox table)", err, inbox.EnvInboxTable)
+		}
+		if fresh {
+			marked++
+		}
+	}
+	return marked, nil
+}
+
 // settleDiscarded records the discarded messages' events in the
 // consumer's inbox with outcome 'discarded' (messages that are not valid
 // envelopes have no event id, and nothing can apply them anyway) and, for
@@ -305,17 +346,13 @@ func (s *Service) settleDiscarded(ctx context.Context, cmd Command, msgs []trans
 		}
 	}
 	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `INSERT INTO inbox (consumer, event_id, aggregate_type, aggregate_id, sequence, outcome)
-SELECT $1, d.id::uuid, d.t, d.a, d.s, 'discarded' FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[]) AS d(id, t, a, s)
-ON CONFLICT (consumer, event_id) DO NOTHING`, cmd.Consumer, ids, types, aggs, seqs)
-		if err != nil {
+		if marked, err = s.markDiscarded(ctx, tx, cmd.Consumer, msgs, ids, types, aggs, seqs); err != nil {
 			return fmt.Errorf("mark handled: %w", err)
 		}
-		marked = tag.RowsAffected()
 		if cmd.From == SourceSubscriptionDLQ {
 			return nil // SNS never delivered them to the consumer: nothing holds a group
 		}
-		tag, err = tx.Exec(ctx, `DELETE FROM inbox_held h USING unnest($2::text[], $3::text[]) AS d(g, k)
+		tag, err := tx.Exec(ctx, `DELETE FROM inbox_held h USING unnest($2::text[], $3::text[]) AS d(g, k)
 WHERE h.consumer = $1 AND h.group_id = d.g AND h.message_key = d.k`, cmd.Consumer, groups, keys)
 		if err != nil {
 			return fmt.Errorf("release holds: %w", err)

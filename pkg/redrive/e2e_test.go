@@ -115,6 +115,27 @@ func (p *pipeline) waitFor(t *testing.T, want map[string]int, within time.Durati
 	}
 }
 
+// waitSent waits until the dispatcher has recorded every event as sent: a
+// consumer can apply an event before the mark that records its publish
+// commits, and replay selects sent events only.
+func (p *pipeline) waitSent(t *testing.T, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		var unsent int
+		if err := p.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox_events WHERE state <> 'sent'`).Scan(&unsent); err != nil {
+			t.Fatal(err)
+		}
+		if unsent == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d events not recorded as sent", unsent)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // Replay reaches only the chosen consumer and re-applies exactly the events
 // of the chosen aggregate type and time range, in sequence order.
 func TestReplayReachesOnlyTheChosenConsumer(t *testing.T) {
@@ -143,6 +164,7 @@ func TestReplayReachesOnlyTheChosenConsumer(t *testing.T) {
 	// orders-projection: every order event (40); shipping: order.paid (15); audit: all (46).
 	before := map[string]int{"orders-projection": 40, "shipping": 15, "audit": 46}
 	p.waitFor(t, before, time.Minute)
+	p.waitSent(t, time.Minute)
 
 	res, err := p.svc.Execute(ctx, redrive.Command{Operation: redrive.OpReplay, Consumer: "orders-projection", AggregateType: "order", Since: &redrive.Instant{Time: since}, DryRun: true})
 	if err != nil || res.Affected != 10 || res.Aggregates != 5 {

@@ -203,6 +203,10 @@ type Config struct {
 	Logger *slog.Logger
 	// Progress, if set, is called as long operations advance (done of total; total -1 if unknown).
 	Progress func(op string, done, total int64)
+	// Inbox is the consumers' inbox table (inbox.TableFromEnv,
+	// FIFOBOX_INBOX_TABLE, as the consumer is configured): dlq-discard marks
+	// the discarded events handled there. The zero Table is fifobox's inbox.
+	Inbox inbox.Table
 	// Transport names the transport's kind in status (sns, rabbitmq, nats).
 	Transport string
 	// DBError, with a nil pool (New), is why there is no database: status

@@ -142,7 +142,7 @@ func (r *Runner) session(ctx context.Context) error {
 				s.Stop(false)
 				return errors.New("consumer cancelled by the broker (queue deleted?)")
 			}
-			s.Submit(r.cfg.Topology.record(fromAMQP(m), m.Body, deliveryCount(m), m.Redelivered))
+			s.Submit(r.cfg.Topology.record(r.c, fromAMQP(m), m.Body, deliveryCount(m), m.Redelivered))
 		}
 	}
 }
@@ -166,10 +166,14 @@ func fromAMQP(m amqp091.Delivery) *delivery {
 	return d
 }
 
+// headerDeliveryCount is a quorum queue's count of a message's earlier
+// deliveries, set on each delivery.
+const headerDeliveryCount = "x-delivery-count"
+
 // deliveryCount is how often a quorum queue delivered m, this time
 // included (x-delivery-count counts the earlier ones); 0 when unknown.
 func deliveryCount(m amqp091.Delivery) int {
-	if v, ok := m.Headers["x-delivery-count"]; ok {
+	if v, ok := m.Headers[headerDeliveryCount]; ok {
 		return headerInt(v) + 1
 	}
 	if m.Redelivered {

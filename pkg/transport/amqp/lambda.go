@@ -99,7 +99,7 @@ func (h *LambdaHandler) Handle(ctx context.Context, ev events.RabbitMQEvent) err
 			if m.Redelivered {
 				deliveries = 0
 			}
-			recs = append(recs, h.cfg.Topology.record(d, body, deliveries, m.Redelivered))
+			recs = append(recs, h.cfg.Topology.record(h.c, d, body, deliveries, m.Redelivered))
 		}
 	}
 	if err := h.engine.Handle(ctx, &broker{topo: &h.cfg.Topology, c: h.c, out: h.out, cfg: &h.cfg}, recs); err != nil {

@@ -46,12 +46,28 @@ type delivery struct {
 	ack func() error
 }
 
-// record wraps d and its body for the engine. redelivered is RabbitMQ's
+// record wraps d and its body for c's engine. redelivered is RabbitMQ's
 // flag: an earlier delivery was not acknowledged (a consumer died or lost
 // its connection holding it); the engine runs such a record alone.
-func (t *Topology) record(d *delivery, body []byte, deliveries int, redelivered bool) *inbox.Record {
+//
+// A quorum queue dead-letters a message itself, without the engine, when
+// it comes back after its delivery_limit-th redelivery (x-delivery-count
+// counts them; RabbitMQ 3.10 and 4.x alike). On the delivery before that
+// the record is marked LastDelivery: in strict order the engine holds its
+// group in the database before running it, so if the consumer dies on it
+// again and the broker dead-letters it, the group's later events still
+// wait behind it (and follow it to the DLQ) instead of being applied
+// first.
+func (t *Topology) record(c Consumer, d *delivery, body []byte, deliveries int, redelivered bool) *inbox.Record {
 	return &inbox.Record{ID: d.messageID, Body: body, Failures: headerInt(d.headers[t.AttemptsHeader]),
-		Deliveries: deliveries, Redelivered: redelivered, Handle: d}
+		Deliveries: deliveries, Redelivered: redelivered, LastDelivery: c.lastDelivery(d.headers), Handle: d}
+}
+
+// lastDelivery says a message with these headers is on its last delivery
+// before the queue's delivery limit dead-letters it.
+func (c Consumer) lastDelivery(h amqp091.Table) bool {
+	n, ok := h[headerDeliveryCount]
+	return ok && c.DeliveryLimit > 0 && headerInt(n) >= c.DeliveryLimit
 }
 
 // broker settles records on RabbitMQ for the engine: acknowledge, retry

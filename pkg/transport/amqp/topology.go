@@ -113,9 +113,12 @@ type Consumer struct {
 	// refused (the publisher confirm is a nack, so the dispatcher retries
 	// later) rather than dropping the oldest message.
 	MaxLength int `json:"max_length,omitempty"`
-	// DeliveryLimit (quorum queues only) dead-letters a message the broker
-	// has delivered this many times without a settlement: a consumer that
-	// crashes on it every time cannot stall the queue for ever. Default 20.
+	// DeliveryLimit (quorum queues only) dead-letters a message that comes
+	// back unsettled after this many redeliveries (it is delivered
+	// DeliveryLimit+1 times): a consumer that crashes on it every time
+	// cannot stall the queue for ever. The runner holds the message's
+	// aggregate (strict order) before its last delivery runs. A policy can
+	// lower the queue's limit, not raise it. Default 20.
 	DeliveryLimit int `json:"delivery_limit,omitempty"`
 	// Prefetch is how many unacknowledged messages the runner holds. Default 200.
 	Prefetch int `json:"prefetch,omitempty"`

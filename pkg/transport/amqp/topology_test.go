@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	amqp091 "github.com/rabbitmq/amqp091-go"
+
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/topology"
@@ -157,6 +159,27 @@ func TestHeaderInt(t *testing.T) {
 	}{{int32(3), 3}, {int64(4), 4}, {float64(5), 5}, {"6", 6}, {nil, 0}, {"x", 0}, {int8(2), 2}} {
 		if got := headerInt(tt.v); got != tt.want {
 			t.Errorf("headerInt(%#v) = %d, want %d", tt.v, got, tt.want)
+		}
+	}
+}
+
+// The quorum queue delivers a message DeliveryLimit+1 times (x-delivery-count
+// 0 to the limit): the last is the one whose count equals the limit, with
+// the header as the runner (int64) or the Lambda's JSON (float64) gives it.
+func TestLastDeliveryAtTheLimit(t *testing.T) {
+	for _, tt := range []struct {
+		limit int
+		h     amqp091.Table
+		want  bool
+	}{
+		{20, amqp091.Table{}, false},
+		{20, amqp091.Table{"x-delivery-count": int64(19)}, false},
+		{20, amqp091.Table{"x-delivery-count": int64(20)}, true},
+		{2, amqp091.Table{"x-delivery-count": float64(2)}, true},
+		{0, amqp091.Table{"x-delivery-count": int64(50)}, false}, // classic queue: no limit
+	} {
+		if got := (Consumer{DeliveryLimit: tt.limit}).lastDelivery(tt.h); got != tt.want {
+			t.Errorf("limit %d, headers %v: last delivery %t, want %t", tt.limit, tt.h, got, tt.want)
 		}
 	}
 }

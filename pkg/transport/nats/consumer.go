@@ -143,7 +143,7 @@ func (r *Runner) session(ctx context.Context) error {
 	s := r.engine.Start(ctx, &broker{topo: &r.cfg.Topology, c: c, dlq: r.dlq, log: r.cfg.Logger}, report)
 	cc, err := cons.Consume(func(m jetstream.Msg) { r.dispatch(s, m) },
 		jetstream.PullMaxMessages(c.Batch),
-		jetstream.PullHeartbeat(5*time.Second),
+		jetstream.PullHeartbeat(pullHeartbeat(time.Duration(c.AckWait))),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 			if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) {
 				report(err)
@@ -188,6 +188,19 @@ func (r *Runner) session(ctx context.Context) error {
 		_ = nc.FlushTimeout(2 * time.Second)
 	}
 	return end
+}
+
+// pullHeartbeat is the idle heartbeat of the session's pull requests: 5s,
+// or a quarter of ackWait when that is shorter (at least the client's
+// 500ms). A session ended on a lost delivery leaves its pull request on the
+// server, which notices it has no reader only at the request's next
+// heartbeat. Until then a redelivery due goes to that request and is lost
+// again (nats-server 2.9) or queued behind the later ones (2.10 and later):
+// either way the lost delivery would come back after those that followed
+// it. The heartbeat makes the server drop the request before the lost
+// delivery's ack wait ends.
+func pullHeartbeat(ackWait time.Duration) time.Duration {
+	return max(min(5*time.Second, ackWait/4), 500*time.Millisecond)
 }
 
 // dispatch runs on the client's delivery goroutine, in delivery order: it

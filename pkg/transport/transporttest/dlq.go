@@ -440,3 +440,61 @@ func (b *recordingBroker) Retry(context.Context, *inbox.Record, inbox.Retry) err
 func (b *recordingBroker) DeadLetter(_ context.Context, _ *inbox.Record, dl inbox.DeadLetter) error {
 	return b.put("dead-letter:" + dl.Class)
 }
+
+// DiscardIntoOwnInboxTable: a consumer that dedupes through a table of
+// its own (FIFOBOX_INBOX_TABLE, with no outcome column): `fifobox dlq
+// discard` refuses, naming the variable, while that table cannot take the
+// mark (and deletes nothing), then marks the discarded event handled there,
+// not in fifobox's inbox, so the consumer's replay of it applies nothing.
+// The marking is the same on every transport (pkg/redrive): one transport's
+// test package runs it.
+func DiscardIntoOwnInboxTable(t *testing.T, h DLQHarness) {
+	ctx := dlqCtx(t)
+	db := pgtest.New(t)
+	own := inbox.Table{Name: "event_inbox", Consumer: "consumer_name", EventID: "event_id", ProcessedAt: "processed_at"}
+	a := dlqEvents("a", 1)
+	h.Kill(t, a)
+	dlqWait(t, h, 1)
+	discard := func() (redrive.Result, error) {
+		svc, err := redrive.New(db.Pool, redrive.Config{Operations: h.Ops, Logger: quietLogger, Inbox: own})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return svc.Execute(ctx, redrive.Command{Operation: redrive.OpDLQDiscard, Consumer: h.Consumer, Messages: []string{a[0].ID}, Reason: "cannot be applied"})
+	}
+	if _, err := discard(); err == nil || !strings.Contains(err.Error(), inbox.EnvInboxTable) {
+		t.Fatalf("discard without the consumer's table: %v, want a refusal naming %s", err, inbox.EnvInboxTable)
+	}
+	if d := dlqDepth(t, h); d.DLQ != 1 {
+		t.Fatalf("a refused discard left %d in the DLQ, want the 1 untouched", d.DLQ)
+	}
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE event_inbox (consumer_name text, event_id uuid, processed_at timestamptz NOT NULL,
+	    PRIMARY KEY (consumer_name, event_id))`); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := discard(); err != nil || !strings.Contains(res.Message, "1 events marked handled") {
+		t.Fatalf("discard: %+v %v", res, err)
+	}
+	var mine, fifobox int
+	if err := db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM event_inbox WHERE consumer_name = $1 AND event_id = $2),
+	    (SELECT count(*) FROM inbox WHERE consumer = $1)`, h.Consumer, a[0].ID).Scan(&mine, &fifobox); err != nil {
+		t.Fatal(err)
+	}
+	if mine != 1 || fifobox != 0 {
+		t.Fatalf("after the discard: %d rows in the consumer's table, %d in fifobox's inbox; want 1 and 0", mine, fifobox)
+	}
+	applied := 0
+	eng, err := inbox.NewEngine(db.Pool, func(context.Context, pgx.Tx, envelope.Envelope) error { applied++; return nil },
+		inbox.EngineConfig{ConsumerConfig: inbox.ConsumerConfig{Consumer: h.Consumer, Inbox: own, Logger: quietLogger}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := a[0].Encode()
+	var br recordingBroker
+	if err := eng.Handle(ctx, &br, []*inbox.Record{{ID: a[0].ID, Body: body}}); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(br.got, []string{"ack"}) || applied != 0 {
+		t.Fatalf("a replay of the discarded event: settled %v, applied %d times; want acknowledged, not applied", br.got, applied)
+	}
+}
