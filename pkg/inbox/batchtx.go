@@ -14,7 +14,9 @@ import (
 )
 
 // Apply is a consumer's side effect for one event, run inside the inbox
-// transaction. Return envelope.Permanent(err) for failures no retry can fix.
+// transaction, which it must not end (its Commit and Rollback refuse; the
+// engine commits it with the inbox claims). Return envelope.Permanent(err)
+// for failures no retry can fix.
 type Apply func(ctx context.Context, tx pgx.Tx, e envelope.Envelope) error
 
 // Failure classes, as reported in BatchMetrics and DLQ attributes.
@@ -191,13 +193,34 @@ func (b *batchTx) effect(ctx context.Context, fn SideEffect) (err error) {
 			err = fmt.Errorf("side effect panicked: %v", p)
 		}
 	}()
-	if err := fn(ctx, b.tx); err != nil {
+	if err := fn(ctx, effectTx{b.tx}); err != nil {
 		return err
 	}
 	if b.aborted() {
 		return errors.New("side effect returned nil but left the transaction aborted (an SQL error was swallowed); the record will be retried")
 	}
 	return nil
+}
+
+// errEndsInboxTx: a side effect tried to commit or roll back the inbox
+// transaction it runs in.
+var errEndsInboxTx = errors.New("the side effect must not commit or roll back the inbox transaction it runs in (the engine commits it with the inbox claims)")
+
+// effectTx is the transaction a side effect gets: Commit and Rollback
+// refuse, so the common mistake (a side effect "committing its work", or a
+// deferred Rollback) fails that event instead of ending the batch's
+// transaction, with the claims of events not yet applied in it. Begin
+// (a savepoint) works as usual.
+type effectTx struct{ pgx.Tx }
+
+func (effectTx) Commit(context.Context) error   { return errEndsInboxTx }
+func (effectTx) Rollback(context.Context) error { return errEndsInboxTx }
+
+// restart rolls the transaction back and begins a new one.
+func (b *batchTx) restart(ctx context.Context, db DB) error {
+	b.rollback(ctx)
+	b.tx, b.n, b.current, b.broken = nil, 0, "", nil
+	return b.begin(ctx, db)
 }
 
 // aborted reports whether the last statement left the transaction failed

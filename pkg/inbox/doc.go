@@ -12,9 +12,11 @@
 // invocation) and implements Broker (acknowledge, retry later, dead-letter)
 // and, where its broker redelivers unacknowledged work, Keeper. The engine
 // applies each group's records in order on per-group lanes, a lane's
-// waiting records in one transaction with a savepoint each (engine.go,
-// run.go), decides each settlement once and carries it out after the
-// commit; it parks a group behind a retrying event (inbox_parked: the
+// waiting records in one transaction (engine.go, run.go): the fast way
+// (fast.go) when nothing in the batch needs accounting for, every claim in
+// one statement and no savepoints, and otherwise, or as soon as a side
+// effect fails, the careful way, a savepoint each; it decides each
+// settlement once and carries it out after the commit; it parks a group behind a retrying event (inbox_parked: the
 // head and its failure count, surviving restarts), in strict order holds a
 // group behind a dead-lettered event (inbox_held) until redrive or
 // release, waits out database failures in place without spending any

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 )
 
@@ -108,6 +109,9 @@ type Engine struct {
 	cfg     EngineConfig
 	log     *slog.Logger
 	claimer *claimer
+	// noUnclaim: deleting a claim was refused (an inbox table without
+	// DELETE for this user), so batches with a deadline go the careful way.
+	noUnclaim atomic.Bool
 }
 
 func (c *EngineConfig) setDefaults() {

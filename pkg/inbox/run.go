@@ -123,6 +123,38 @@ func (e *Engine) run(ctx context.Context, batch []*Record, deadline bool, pre ma
 		cancel()
 		return nil, infraError("begin", err)
 	}
+	cancel()
+	if e.fastEligible(batch, deadline, pre, pastDeadline) {
+		ds, failed, err := e.runFast(ctx, &b, batch, groups, strict, pre, pastDeadline, tctx)
+		switch {
+		case errors.Is(err, errCareful):
+			// Carefully, in the new transaction, from the first record:
+			// those whose side effect failed count it without running again.
+			for r, ferr := range failed {
+				pre[r] = ferr
+			}
+			defer func() {
+				for r := range failed {
+					delete(pre, r) // an attempt that does not commit records nothing
+				}
+			}()
+		case errors.Is(err, errStopAll):
+			if e.cfg.OrderedRedelivery {
+				return unfinishedDecisions(batch, ClassDeadline), nil
+			}
+			deadline = true
+		case err != nil:
+			return nil, err
+		default:
+			cctx, ccancel := tctx()
+			defer ccancel()
+			if err := b.commit(cctx); err != nil {
+				return nil, infraError("commit", err)
+			}
+			return ds, nil
+		}
+	}
+	bctx, cancel = tctx()
 	// The groups' state rides in the first record's round trip, with its
 	// claim when it can run: the claim is speculative and is rolled back to
 	// the record's savepoint if its group turns out to be parked or held.
@@ -438,24 +470,7 @@ func (e *Engine) readState(ctx context.Context, b *batchTx, batch []*Record, gro
 		st.holds = newHoldSet()
 	}
 	n := len(batch)
-	// A broker that keeps a group's later messages back while one is
-	// retried (SQS FIFO) cannot deliver a first delivery behind a parked
-	// head: a batch of first deliveries needs no parks (only a retried
-	// message reads its own failure count).
-	needParks := !e.cfg.OrderedRedelivery
-	for _, r := range batch {
-		needParks = needParks || r.Deliveries != 1
-	}
-	q := ""
-	switch {
-	case len(groups) == 0:
-	case needParks && strict:
-		q = sqlParksAndHeld
-	case needParks:
-		q = sqlParks
-	case strict:
-		q = sqlAnyHeld
-	}
+	q := e.stateQuery(batch, groups, strict)
 	pb := &pgx.Batch{}
 	if claim != nil {
 		b.n++
@@ -479,34 +494,8 @@ func (e *Engine) readState(ctx context.Context, b *batchTx, batch []*Record, gro
 				return false, false, err
 			}
 		}
-		switch q {
-		case sqlAnyHeld:
-			if err := br.QueryRow().Scan(&held); err != nil {
-				return false, false, err
-			}
-		case sqlParks, sqlParksAndHeld:
-			rows, err := br.Query()
-			if err != nil {
-				return false, false, err
-			}
-			for rows.Next() {
-				var g string
-				var p park
-				var isHeld bool
-				if err := rows.Scan(&isHeld, &g, &p.key, &p.failures, &p.retry, &p.due, &p.expires); err != nil {
-					rows.Close()
-					return false, false, err
-				}
-				if isHeld {
-					held = true
-				} else {
-					st.parks[g] = p
-				}
-			}
-			rows.Close()
-			if err := rows.Err(); err != nil {
-				return false, false, err
-			}
+		if held, err = readGroupState(br, q, st.parks); err != nil {
+			return false, false, err
 		}
 		if claim != nil {
 			tag, err := br.Exec()
@@ -540,6 +529,65 @@ func (e *Engine) readState(ctx context.Context, b *batchTx, batch []*Record, gro
 		st.holds = hs
 	}
 	return st, claimed, nil
+}
+
+// stateQuery is the statement reading the batch's groups' state: their
+// parks, whether any is held (strict order), both, or nothing ("").
+func (e *Engine) stateQuery(batch []*Record, groups []string, strict bool) string {
+	// A broker that keeps a group's later messages back while one is
+	// retried (SQS FIFO) cannot deliver a first delivery behind a parked
+	// head: a batch of first deliveries needs no parks (only a retried
+	// message reads its own failure count).
+	needParks := !e.cfg.OrderedRedelivery
+	for _, r := range batch {
+		needParks = needParks || r.Deliveries != 1
+	}
+	switch {
+	case len(groups) == 0:
+		return ""
+	case needParks && strict:
+		return sqlParksAndHeld
+	case needParks:
+		return sqlParks
+	case strict:
+		return sqlAnyHeld
+	}
+	return ""
+}
+
+// readGroupState reads the result of stateQuery q, the next in br, into
+// parks and reports whether any group is held.
+func readGroupState(br pgx.BatchResults, q string, parks map[string]park) (held bool, err error) {
+	switch q {
+	case sqlAnyHeld:
+		if err := br.QueryRow().Scan(&held); err != nil {
+			return false, err
+		}
+	case sqlParks, sqlParksAndHeld:
+		rows, err := br.Query()
+		if err != nil {
+			return false, err
+		}
+		for rows.Next() {
+			var g string
+			var p park
+			var isHeld bool
+			if err := rows.Scan(&isHeld, &g, &p.key, &p.failures, &p.retry, &p.due, &p.expires); err != nil {
+				rows.Close()
+				return false, err
+			}
+			if isHeld {
+				held = true
+			} else {
+				parks[g] = p
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return false, err
+		}
+	}
+	return held, nil
 }
 
 // writePark parks r's group with np as its head, under r's savepoint.

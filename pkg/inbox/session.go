@@ -240,6 +240,14 @@ func (s *Session) pastDeadline() bool {
 	return !s.stopAt.IsZero() && !time.Now().Before(s.stopAt)
 }
 
+// deadlineCheck is pastDeadline, or nil when the session has no deadline.
+func (s *Session) deadlineCheck() func() bool {
+	if s.stopAt.IsZero() {
+		return nil
+	}
+	return s.pastDeadline
+}
+
 // settled drops r from the records in hand.
 func (s *Session) settled(r *Record) {
 	s.mu.Lock()
@@ -443,7 +451,7 @@ func (l *lane) process(batch []*Record) bool {
 		} else {
 			s.solo.RLock()
 		}
-		ds, err := s.e.run(s.ctx, batch, deadline, pre, s.pastDeadline)
+		ds, err := s.e.run(s.ctx, batch, deadline, pre, s.deadlineCheck())
 		if alone {
 			s.solo.Unlock()
 		} else {

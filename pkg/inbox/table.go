@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 
@@ -78,13 +80,19 @@ var (
 	columnNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]{0,62}$`)
 )
 
-// claimer is a Table's claim statement: the one place its SQL is written.
+// claimer is a Table's claim statements: the one place their SQL is written.
 type claimer struct {
 	sql    string
 	fields []string // which value each parameter is, in order
 	table  Table
 	ident  string
 	key    []string
+	cols   []string // the claim's columns, quoted
+	vals   []string // each column's value: a field or now()
+	// eventID is the event id column, quoted; unclaim deletes one claim.
+	eventID string
+	unclaim string
+	bulk    sync.Map // records (int) -> the bulk claim's SQL
 }
 
 var defaultClaimer = mustCompile(Table{})
@@ -130,6 +138,9 @@ func (t Table) compile() (*claimer, error) {
 		}
 		seen[f.col] = f.field
 		cols = append(cols, pgx.Identifier{f.col}.Sanitize())
+		if f.field == "event_id" {
+			c.eventID = pgx.Identifier{f.col}.Sanitize()
+		}
 		if f.field == "processed_at" {
 			vals = append(vals, "now()")
 			continue
@@ -146,29 +157,121 @@ func (t Table) compile() (*claimer, error) {
 	c.ident = pgx.Identifier(strings.Split(t.Name, ".")).Sanitize()
 	c.sql = fmt.Sprintf("INSERT INTO %s (%s) VALUES (%s) ON CONFLICT (%s) DO NOTHING",
 		c.ident, strings.Join(cols, ", "), strings.Join(vals, ", "), strings.Join(c.key, ", "))
+	c.cols, c.vals = cols, vals
+	var where []string
+	for i, f := range c.fields {
+		if f == "consumer" {
+			where = append(where, fmt.Sprintf("%s = $%d", pgx.Identifier{t.Consumer}.Sanitize(), i+1))
+		}
+	}
+	where = append(where, c.eventID+" = $"+strconv.Itoa(len(where)+1))
+	c.unclaim = fmt.Sprintf("DELETE FROM %s WHERE %s", c.ident, strings.Join(where, " AND "))
 	return c, nil
+}
+
+// bulkSQL is the claim of n events in one statement: one VALUES row each
+// (so every value takes its column's type, as in the single claim), the
+// consumer's name once ($1, if the table has its column), and the event
+// ids actually inserted returned as text (a uuid column returns them in
+// lower case).
+func (c *claimer) bulkSQL(n int) string {
+	if s, ok := c.bulk.Load(n); ok {
+		return s.(string)
+	}
+	per := 0 // parameters per row besides the consumer
+	for _, f := range c.fields {
+		if f != "consumer" {
+			per++
+		}
+	}
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "INSERT INTO %s (%s) VALUES ", c.ident, strings.Join(c.cols, ", "))
+	next := 1
+	if c.table.Consumer != "" {
+		next = 2
+	}
+	for i := 0; i < n; i++ {
+		if i > 0 {
+			sb.WriteString(", ")
+		}
+		sb.WriteByte('(')
+		f := 0
+		for j, v := range c.vals {
+			if j > 0 {
+				sb.WriteString(", ")
+			}
+			switch {
+			case v == "now()":
+				sb.WriteString(v)
+			case c.fields[f] == "consumer":
+				sb.WriteString("$1")
+				f++
+			default:
+				sb.WriteString("$" + strconv.Itoa(next))
+				next++
+				f++
+			}
+		}
+		sb.WriteByte(')')
+	}
+	fmt.Fprintf(&sb, " ON CONFLICT (%s) DO NOTHING RETURNING %s::text", strings.Join(c.key, ", "), c.eventID)
+	s := sb.String()
+	c.bulk.Store(n, s)
+	return s
+}
+
+// bulkQuery claims every event of es for consumer in one statement (see
+// bulkSQL); the rows it returns are the event ids it inserted.
+func (c *claimer) bulkQuery(consumer string, es []envelope.Envelope) *pgx.QueuedQuery {
+	args := make([]any, 0, 1+len(es)*len(c.fields))
+	if c.table.Consumer != "" {
+		args = append(args, consumer)
+	}
+	for _, e := range es {
+		for _, f := range c.fields {
+			if f != "consumer" {
+				args = append(args, claimArg(f, consumer, e))
+			}
+		}
+	}
+	return &pgx.QueuedQuery{SQL: c.bulkSQL(len(es)), Arguments: args}
+}
+
+// unclaimQuery deletes e's claim for consumer: a claim the batch made for
+// an event it then did not start (a Lambda's deadline).
+func (c *claimer) unclaimQuery(consumer string, e envelope.Envelope) *pgx.QueuedQuery {
+	if c.table.Consumer == "" {
+		return &pgx.QueuedQuery{SQL: c.unclaim, Arguments: []any{e.ID}}
+	}
+	return &pgx.QueuedQuery{SQL: c.unclaim, Arguments: []any{consumer, e.ID}}
 }
 
 // query is the claim of e for consumer.
 func (c *claimer) query(consumer string, e envelope.Envelope) *pgx.QueuedQuery {
 	args := make([]any, len(c.fields))
 	for i, f := range c.fields {
-		switch f {
-		case "consumer":
-			args[i] = consumer
-		case "event_id":
-			args[i] = e.ID
-		case "event_type":
-			args[i] = e.Type
-		case "aggregate_type":
-			args[i] = e.AggregateType
-		case "aggregate_id":
-			args[i] = e.AggregateID
-		case "sequence":
-			args[i] = e.Sequence
-		}
+		args[i] = claimArg(f, consumer, e)
 	}
 	return &pgx.QueuedQuery{SQL: c.sql, Arguments: args}
+}
+
+// claimArg is the value of a claim's field.
+func claimArg(field, consumer string, e envelope.Envelope) any {
+	switch field {
+	case "consumer":
+		return consumer
+	case "event_id":
+		return e.ID
+	case "event_type":
+		return e.Type
+	case "aggregate_type":
+		return e.AggregateType
+	case "aggregate_id":
+		return e.AggregateID
+	case "sequence":
+		return e.Sequence
+	}
+	return nil
 }
 
 // CheckDB is what Check reads the catalog through.

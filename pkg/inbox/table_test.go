@@ -3,7 +3,10 @@ package inbox_test
 import (
 	"context"
 	"strings"
+	"sync/atomic"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/fifobox/fifobox/pkg/inbox"
 )
@@ -39,6 +42,11 @@ func TestEngineDedupesThroughTheDocumentsInboxTable(t *testing.T) {
 			inbox.Table{Name: "transfers_inbox", EventID: "eventId"},
 			`INSERT INTO transfers_inbox ("eventId") VALUES ($1)`,
 			`SELECT count(*) FROM transfers_inbox`},
+		{"text event ids",
+			`CREATE TABLE text_inbox (event_id text PRIMARY KEY, processed_at timestamptz NOT NULL DEFAULT now())`,
+			inbox.Table{Name: "text_inbox", EventID: "event_id"},
+			`INSERT INTO text_inbox (event_id) VALUES ($1)`,
+			`SELECT count(*) FROM text_inbox`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -55,7 +63,8 @@ func TestEngineDedupesThroughTheDocumentsInboxTable(t *testing.T) {
 				t.Fatal(err)
 			}
 			fb := &fakeBroker{}
-			e := newEngine(t, db.Pool, record, inbox.EngineConfig{ConsumerConfig: inbox.ConsumerConfig{Inbox: tt.table}})
+			spy := &savepointSpy{DB: db.Pool}
+			e := newEngine(t, spy, record, inbox.EngineConfig{ConsumerConfig: inbox.ConsumerConfig{Inbox: tt.table}})
 			recs := []*inbox.Record{recordOf(t, "a1", a1), recordOf(t, "a2", a2), recordOf(t, "a3", a3), recordOf(t, "a2-again", a2)}
 			if err := e.Handle(ctx, fb, recs); err != nil {
 				t.Fatal(err)
@@ -73,6 +82,9 @@ func TestEngineDedupesThroughTheDocumentsInboxTable(t *testing.T) {
 			var own int
 			if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM inbox`).Scan(&own); err != nil || own != 0 {
 				t.Errorf("fifobox's inbox holds %d rows, want none (%v)", own, err)
+			}
+			if n := spy.savepoints.Load(); n != 0 {
+				t.Errorf("%d savepoints: the batch of first deliveries went the careful way, not the fast way (its claim failed?)", n)
 			}
 		})
 	}
@@ -120,4 +132,33 @@ func TestInboxTableFromEnv(t *testing.T) {
 	if err != nil || tab.Name != "consumed_events" || tab.ProcessedAt != "consumed_at" {
 		t.Errorf("got %+v, %v", tab, err)
 	}
+}
+
+// savepointSpy counts the savepoints the engine sets: none when a batch
+// goes the fast way.
+type savepointSpy struct {
+	inbox.DB
+	savepoints atomic.Int64
+}
+
+func (s *savepointSpy) Begin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := s.DB.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &savepointSpyTx{Tx: tx, s: s}, nil
+}
+
+type savepointSpyTx struct {
+	pgx.Tx
+	s *savepointSpy
+}
+
+func (t *savepointSpyTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	for _, q := range b.QueuedQueries {
+		if strings.HasPrefix(q.SQL, "SAVEPOINT") {
+			t.s.savepoints.Add(1)
+		}
+	}
+	return t.Tx.SendBatch(ctx, b)
 }
