@@ -131,6 +131,23 @@ func (r *Runner) session(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("consumer %s on stream %s (provisioned?): %w", c.Durable(), r.cfg.Topology.Stream, err)
 	}
+	// Deliveries an earlier reader left unacknowledged (a process that
+	// crashed, a connection that was cut) come back only when their AckWait
+	// ends, while a new pull gets the messages after them at once: an
+	// aggregate's event 2 could be applied before its event 1 (conformance
+	// EventKillingTheConsumerIsDeadLettered). Start pulling once they are
+	// due again; the server redelivers before it delivers anything new.
+	if info, err := cons.Info(ctx); err == nil && info.NumAckPending > 0 {
+		wait := time.Duration(c.AckWait) + time.Second
+		r.cfg.Logger.Info("nats consumer: waiting for an earlier reader's unacknowledged deliveries to come back", "consumer", c.Name, "pending", info.NumAckPending, "wait", wait.String())
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
 	fatal := make(chan error, 2)
 	report := func(err error) {
 		select {
