@@ -186,9 +186,12 @@ func moveObjects(ctx context.Context, tx pgx.Tx, from, to string) error {
 		              n.nspname, c.relname, $3::text)
 		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE n.nspname = $1 AND c.relname = ANY($2) AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')
-		  AND NOT EXISTS (SELECT 1 FROM pg_depend d -- a serial's or identity's sequence moves with its table
-		                  WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid
-		                    AND d.refclassid = 'pg_class'::regclass AND d.deptype IN ('a', 'i'))
+		  -- A serial's or identity's sequence moves with its table; a
+		  -- partition (00064's wake-up slots) does not move with its parent,
+		  -- and a partitioned table depends on itself (its partition key).
+		  AND (c.relispartition OR NOT EXISTS (SELECT 1 FROM pg_depend d
+		                  WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid AND d.refobjid <> c.oid
+		                    AND d.refclassid = 'pg_class'::regclass AND d.deptype IN ('a', 'i')))
 		UNION ALL
 		SELECT format('ALTER %s %I.%I SET SCHEMA %I', CASE t.typtype WHEN 'd' THEN 'DOMAIN' ELSE 'TYPE' END,
 		              n.nspname, t.typname, $3::text)

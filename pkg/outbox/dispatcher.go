@@ -264,6 +264,9 @@ type Dispatcher struct {
 	succeeded atomic.Int64
 	// failedAt is succeeded's count when Drain's first error happened.
 	failedAt atomic.Int64
+	// truncatedAt is when this dispatcher last asked to truncate a drained
+	// wake-up slot (UnixNano; see truncateWakeups).
+	truncatedAt atomic.Int64
 }
 
 // NewDispatcher returns a Dispatcher reading from db and publishing with pub.
@@ -336,6 +339,7 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (BatchResult, error) {
 	if err != nil {
 		return BatchResult{}, err
 	}
+	d.truncateWakeups(ctx)
 	if len(runs) == 0 {
 		if len(empties) > 0 {
 			d.idle(ctx, empties)
@@ -877,6 +881,27 @@ func (d *Dispatcher) aggID(id string) slog.Attr {
 		return slog.Attr{}
 	}
 	return slog.String("aggregate_id", id)
+}
+
+// truncateWakeups asks, at most once a second, for the wake-up slot that
+// producers left last to be truncated once drained (outbox_truncate_wakeups,
+// migrations/00064): consumed wake-ups are then gone even while a long
+// transaction keeps vacuum from removing them, and claims do not walk them.
+// A statement of its own, so the slot's lock is held for milliseconds. A
+// failure only leaves the dead wake-ups in place until a later call.
+func (d *Dispatcher) truncateWakeups(ctx context.Context) {
+	last := d.truncatedAt.Load()
+	now := time.Now().UnixNano()
+	if now-last < int64(time.Second) || !d.truncatedAt.CompareAndSwap(last, now) {
+		return
+	}
+	d.dbSlots <- struct{}{}
+	defer func() { <-d.dbSlots }()
+	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.MarkTimeout)
+	defer cancel()
+	if _, err := d.db.Exec(tctx, sqlTruncateWakeups); err != nil {
+		d.log.Warn("outbox: truncating consumed wake-ups failed; a later claim retries", "error", err.Error())
+	}
 }
 
 // idle retires heads a claim found empty. A failure only leaves them ready

@@ -35,6 +35,12 @@ const sqlClaimFunction = `
 SELECT prosrc, coalesce(proconfig, '{}')
 FROM pg_proc WHERE oid = 'outbox_claim_heads(integer, integer, uuid, bigint)'::regprocedure`
 
+// sqlTruncateWakeups truncates the wake-up slot producers come back to
+// next if it holds no live wake-up (outbox_truncate_wakeups,
+// migrations/00064_outbox_wakeups_rotated.sql, which says why nothing is lost
+// and no producer waits). Returns whether it truncated.
+const sqlTruncateWakeups = `SELECT outbox_truncate_wakeups()`
+
 // sqlExtendRun lengthens a claimed run when the batch has room
 // (outbox_extend_run, migrations/00012_outbox_mark_by_id.sql): $1 type, $2
 // id, $3 the run's last sequence, $4 most events to add, $5 the claim token.

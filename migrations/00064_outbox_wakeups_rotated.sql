@@ -1,0 +1,153 @@
+-- +goose Up
+
+-- Consumed wake-ups are reclaimed by TRUNCATE, not left for vacuum (issue
+-- 28: long transactions; PgQ rotates its event tables the same way).
+--
+-- Every claim deletes the wake-ups it consumed. While a transaction anywhere
+-- on the server is older than them, vacuum and page pruning can remove none,
+-- and the claim's walk of the wake-ups' key (oldest id first) steps over all
+-- of them: at the end of a 5-minute hold at 300 events/s
+-- (BenchmarkLongTransaction) 89,000 dead wake-ups and 128 ms a claim. TRUNCATE
+-- removes a table's rows whatever the snapshots of other transactions, so
+-- the wake-ups now live in three partitions used in turn, by time: a
+-- producer's wake-up goes to slot floor(clock / 2 s) mod 3
+-- (outbox_wakeup_slot, the column's default: the enqueue functions and the
+-- insert trigger are unchanged), and outbox_truncate_wakeups, which the
+-- dispatcher calls about once a second in a statement of its own, truncates
+-- the slot that producers left 2 s ago and come back to in 2 s, once it holds
+-- no live wake-up. A claim walks at most the dead wake-ups of the last two
+-- slots (4-6 s of traffic), however long a transaction stays open.
+--
+-- Why no wake-up is lost: outbox_truncate_wakeups first takes the slot's
+-- ACCESS EXCLUSIVE lock with NOWAIT, so it gets it only if no transaction
+-- holds any lock on that partition: none has an uncommitted insert in it (an
+-- insert holds ROW EXCLUSIVE until its transaction ends) or locked or
+-- deleted wake-ups of it (a claim's FOR UPDATE and DELETE lock it too), and
+-- none can start one until it commits. Then, in a statement whose snapshot
+-- follows the lock (READ COMMITTED; under any other isolation it truncates
+-- nothing), it looks for a wake-up in the slot: every wake-up ever inserted
+-- there is now either committed and visible, or dead. It truncates only if
+-- none is visible, so what TRUNCATE removes is dead: consumed (the claim
+-- that deleted it committed) or never committed. A producer that inserts
+-- into the slot afterwards (a clock reading from before the slot's turn, or
+-- when the slot comes round again) leaves a wake-up that claims read as
+-- they read every slot. Claims read all three slots, oldest id first.
+--
+-- Why producers never wait: the lock is taken with NOWAIT (never queued, so
+-- no producer queues behind it) and only while the slot is in neither its
+-- producers' turn nor within 1 s of it; outbox_truncate_wakeups commits
+-- within milliseconds (a statement of its own). A producer would wait only
+-- if its insert into the slot fell in those milliseconds, which needs its
+-- clock reading to be over a second older than its insert, within one
+-- INSERT statement.
+--
+-- Cost: one TRUNCATE of a small table every ~6 s (new files for the
+-- partition and its key; a catalog row version each); the claim's walk of the
+-- key and its DELETE probe three small keys instead of one large one.
+
+-- The slot a wake-up inserted now goes to. The period (2 s) and the slot
+-- count (3) are outbox_truncate_wakeups' too.
+-- +goose StatementBegin
+CREATE FUNCTION outbox_wakeup_slot() RETURNS smallint
+LANGUAGE sql VOLATILE PARALLEL SAFE AS $slot$
+SELECT (floor(extract(epoch FROM clock_timestamp()) / 2)::bigint % 3)::smallint
+$slot$;
+-- +goose StatementEnd
+
+-- The wake-ups waiting now move to the new table in one statement; the old
+-- table goes. The migration takes the old table's ACCESS EXCLUSIVE lock:
+-- producers wait for it, as for any migration that rewrites a table.
+LOCK TABLE outbox_wakeups IN ACCESS EXCLUSIVE MODE;
+ALTER TABLE outbox_wakeups RENAME TO outbox_wakeups_00063;
+CREATE SEQUENCE outbox_wakeup_ids AS bigint;
+CREATE TABLE outbox_wakeups (
+    id             bigint   NOT NULL DEFAULT nextval('outbox_wakeup_ids'),
+    aggregate_type text     NOT NULL,
+    aggregate_id   text     NOT NULL,
+    slot           smallint NOT NULL DEFAULT outbox_wakeup_slot(),
+    PRIMARY KEY (id, slot)
+) PARTITION BY LIST (slot);
+ALTER SEQUENCE outbox_wakeup_ids OWNED BY outbox_wakeups.id;
+CREATE TABLE outbox_wakeups_0 PARTITION OF outbox_wakeups FOR VALUES IN (0);
+CREATE TABLE outbox_wakeups_1 PARTITION OF outbox_wakeups FOR VALUES IN (1);
+CREATE TABLE outbox_wakeups_2 PARTITION OF outbox_wakeups FOR VALUES IN (2);
+ALTER TABLE outbox_wakeups_0 SET (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 5000);
+ALTER TABLE outbox_wakeups_1 SET (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 5000);
+ALTER TABLE outbox_wakeups_2 SET (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 5000);
+INSERT INTO outbox_wakeups (id, aggregate_type, aggregate_id)
+SELECT id, aggregate_type, aggregate_id FROM outbox_wakeups_00063 ORDER BY id;
+SELECT setval('outbox_wakeup_ids', coalesce((SELECT max(id) FROM outbox_wakeups_00063), 0) + 1, false);
+DROP TABLE outbox_wakeups_00063;
+
+-- Rights as the table had them (00011, 00038): the dispatcher consumes, the
+-- operations role reads; producers write only through the enqueue functions
+-- and the insert trigger (SECURITY DEFINER). Reads and writes through the
+-- parent check the parent's rights only; nobody gets a right on a slot.
+GRANT SELECT, UPDATE, DELETE ON outbox_wakeups TO fifobox_dispatcher; -- UPDATE: FOR UPDATE SKIP LOCKED
+GRANT SELECT ON outbox_wakeups TO fifobox_operations;
+
+-- outbox_truncate_wakeups truncates the slot producers come back to next,
+-- if nothing can be lost (see above), and says whether it did. SECURITY
+-- DEFINER: the dispatcher gets no TRUNCATE right on any table.
+-- +goose StatementBegin
+CREATE FUNCTION outbox_truncate_wakeups() RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $truncate$
+DECLARE
+    -- Seconds into the current slot's 2 s, and the slot after it.
+    at double precision := extract(epoch FROM clock_timestamp());
+    into_slot double precision := at - floor(at / 2) * 2;
+    target smallint := ((floor(at / 2)::bigint + 1) % 3)::smallint;
+    part text := 'outbox_wakeups_' || target;
+BEGIN
+    -- Producers start on the target 2 s - into_slot from now: leave it 1 s.
+    IF into_slot > 1 OR current_setting('transaction_isolation') <> 'read committed' THEN
+        RETURN false;
+    END IF;
+    -- Already truncated and nothing written since: no new files needed.
+    IF pg_relation_size(part::regclass) = 0 THEN
+        RETURN false;
+    END IF;
+    BEGIN
+        EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE NOWAIT', part);
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN false; -- someone holds it: a later call tries again
+    END;
+    -- A snapshot taken now sees every wake-up the slot will ever hold from
+    -- before the lock.
+    IF EXISTS (SELECT 1 FROM outbox_wakeups WHERE slot = target) THEN
+        RETURN false; -- not consumed yet: it stays until it is
+    END IF;
+    EXECUTE format('TRUNCATE %I', part);
+    RETURN true;
+END
+$truncate$;
+-- +goose StatementEnd
+-- +goose StatementBegin
+DO $definer$
+BEGIN
+    EXECUTE format('ALTER FUNCTION %I.outbox_truncate_wakeups() SET search_path = %I, pg_temp',
+                   current_schema(), current_schema());
+END
+$definer$;
+-- +goose StatementEnd
+REVOKE ALL ON FUNCTION outbox_truncate_wakeups() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox_truncate_wakeups() TO fifobox_dispatcher;
+
+-- +goose Down
+LOCK TABLE outbox_wakeups IN ACCESS EXCLUSIVE MODE;
+DROP FUNCTION outbox_truncate_wakeups();
+ALTER TABLE outbox_wakeups RENAME TO outbox_wakeups_00064;
+CREATE TABLE outbox_wakeups (
+    id             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    aggregate_type text NOT NULL,
+    aggregate_id   text NOT NULL
+);
+ALTER TABLE outbox_wakeups SET (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 5000);
+INSERT INTO outbox_wakeups (id, aggregate_type, aggregate_id) OVERRIDING SYSTEM VALUE
+SELECT id, aggregate_type, aggregate_id FROM outbox_wakeups_00064 ORDER BY id;
+SELECT setval(pg_get_serial_sequence('outbox_wakeups', 'id'),
+              coalesce((SELECT max(id) FROM outbox_wakeups_00064), 0) + 1, false);
+DROP TABLE outbox_wakeups_00064;
+DROP FUNCTION outbox_wakeup_slot();
+GRANT SELECT, UPDATE, DELETE ON outbox_wakeups TO fifobox_dispatcher;
+GRANT SELECT ON outbox_wakeups TO fifobox_operations;

@@ -1,0 +1,157 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fifobox/fifobox/internal/pgtest"
+	"github.com/fifobox/fifobox/pkg/outbox"
+)
+
+// Truncating drained wake-up slots (migration 00064) never removes a
+// wake-up a producer committed. Producers enqueue one event each into an
+// aggregate of its own (so a lost wake-up leaves an aggregate with no head
+// and no wake-up: stranded), some holding their transaction open across a
+// slot change or rolling back; two claims consume wake-ups while a third
+// session truncates as often as it may, and a transaction held open all the
+// while keeps vacuum from removing anything (only TRUNCATE reclaims). The run
+// spans several 2 s slot periods; it fails too if no truncation happened.
+func TestTruncatedWakeupsLoseNothing(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("runs for about 9 s")
+	}
+	db := pgtest.New(t)
+	ctx := context.Background()
+
+	// The long transaction: dead wake-ups stay until a TRUNCATE.
+	holder, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx) //nolint:errcheck // nothing written
+	if _, err := holder.Exec(ctx, `SELECT txid_current()`); err != nil {
+		t.Fatal(err)
+	}
+
+	stop := time.Now().Add(9 * time.Second)
+	var (
+		wg        sync.WaitGroup
+		mu        sync.Mutex
+		committed []string
+		next      atomic.Int64
+		failed    atomic.Value
+	)
+	fail := func(err error) { failed.CompareAndSwap(nil, err) }
+	for p := 0; p < 6; p++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rnd := rand.New(rand.NewPCG(uint64(p), 28))
+			for time.Now().Before(stop) {
+				agg := fmt.Sprintf("rot-%d", next.Add(1))
+				roll := rnd.IntN(20)
+				err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+					if err := outbox.Enqueue(ctx, tx, event(agg, 1)); err != nil {
+						return err
+					}
+					switch {
+					case roll == 0: // open across a slot change: its slot may be the one to truncate
+						time.Sleep(time.Duration(2000+rnd.IntN(2500)) * time.Millisecond)
+					case roll == 1:
+						return errRolledBack
+					case roll < 6:
+						time.Sleep(time.Duration(rnd.IntN(30)) * time.Millisecond)
+					}
+					return nil
+				})
+				switch {
+				case err == errRolledBack:
+				case err != nil:
+					fail(err)
+					return
+				default:
+					mu.Lock()
+					committed = append(committed, agg)
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	for c := 0; c < 2; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(stop.Add(500 * time.Millisecond)) {
+				if _, err := db.Pool.Exec(ctx, `SELECT outbox_consume_wakeups(50)`); err != nil {
+					fail(fmt.Errorf("consume: %w", err))
+					return
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}()
+	}
+	var truncated, consumedBefore atomic.Int64 // consumedBefore: heads made during the run
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for time.Now().Before(stop.Add(500 * time.Millisecond)) {
+			var did bool
+			if err := db.Pool.QueryRow(ctx, `SELECT outbox_truncate_wakeups()`).Scan(&did); err != nil {
+				fail(fmt.Errorf("truncate: %w", err))
+				return
+			}
+			if did {
+				truncated.Add(1)
+			}
+			time.Sleep(3 * time.Millisecond)
+		}
+	}()
+	wg.Wait()
+	if err, _ := failed.Load().(error); err != nil {
+		t.Fatal(err)
+	}
+	consumedBefore.Store(int64(headCount(t, db.Pool, "true")))
+	// What is left is consumed now.
+	for {
+		var left int
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox_wakeups`).Scan(&left); err != nil {
+			t.Fatal(err)
+		}
+		if left == 0 {
+			break
+		}
+		if _, err := db.Pool.Exec(ctx, `SELECT outbox_consume_wakeups(1000)`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if truncated.Load() < 2 || consumedBefore.Load() == 0 {
+		t.Fatalf("%d truncations, %d wake-ups consumed during the run: the race was not exercised", truncated.Load(), consumedBefore.Load())
+	}
+	// Every committed event's aggregate has its head: its wake-up was consumed.
+	var missing []string
+	rows, err := db.Pool.Query(ctx, `SELECT c FROM unnest($1::text[]) c
+		WHERE NOT EXISTS (SELECT 1 FROM outbox_heads h WHERE h.aggregate_type = 'order' AND h.aggregate_id = c)`, committed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if missing, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+		t.Fatal(err)
+	}
+	if len(missing) > 0 {
+		t.Fatalf("%d of %d committed events lost their wake-up (no head, no wake-up): %v", len(missing), len(committed), missing[:min(len(missing), 10)])
+	}
+	if heads := headCount(t, db.Pool, "true"); heads != len(committed) {
+		t.Fatalf("%d heads for %d committed aggregates (rolled-back ones must have none)", heads, len(committed))
+	}
+	t.Logf("%d events committed, %d truncations", len(committed), truncated.Load())
+}
+
+var errRolledBack = fmt.Errorf("rolled back on purpose")
