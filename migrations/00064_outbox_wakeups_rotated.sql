@@ -13,37 +13,39 @@
 -- producer's wake-up goes to slot floor(clock / 2 s) mod 3
 -- (outbox_wakeup_slot, the column's default: the enqueue functions and the
 -- insert trigger are unchanged), and outbox_truncate_wakeups, which the
--- dispatcher calls about once a second in a statement of its own, truncates
+-- dispatcher calls up to twice a second in a statement of its own, truncates
 -- the slot that producers left 2 s ago and come back to in 2 s, once it holds
 -- no live wake-up. A claim walks at most the dead wake-ups of the last two
 -- slots (4-6 s of traffic), however long a transaction stays open.
 --
 -- Why no wake-up is lost: outbox_truncate_wakeups first takes the slot's
--- ACCESS EXCLUSIVE lock with NOWAIT, so it gets it only if no transaction
--- holds any lock on that partition: none has an uncommitted insert in it (an
--- insert holds ROW EXCLUSIVE until its transaction ends) or locked or
--- deleted wake-ups of it (a claim's FOR UPDATE and DELETE lock it too), and
--- none can start one until it commits. Then, in a statement whose snapshot
--- follows the lock (READ COMMITTED; under any other isolation it truncates
--- nothing), it looks for a wake-up in the slot: every wake-up ever inserted
--- there is now either committed and visible, or dead. It truncates only if
--- none is visible, so what TRUNCATE removes is dead: consumed (the claim
--- that deleted it committed) or never committed. A producer that inserts
--- into the slot afterwards (a clock reading from before the slot's turn, or
--- when the slot comes round again) leaves a wake-up that claims read as
--- they read every slot. Claims read all three slots, oldest id first.
+-- ACCESS EXCLUSIVE lock (waiting 50 ms at most), which it gets only once no
+-- transaction holds any lock on that partition: none has an uncommitted
+-- insert in it (an insert holds ROW EXCLUSIVE until its transaction ends)
+-- or locked or deleted wake-ups of it (a claim's FOR UPDATE and DELETE lock
+-- it too), and none can start one until it commits. Then, in a statement
+-- whose snapshot follows the lock (READ COMMITTED; under any other isolation
+-- it truncates nothing), it looks for a wake-up in the slot: every wake-up
+-- the slot holds is now either committed and visible, or dead. It truncates
+-- only if none is visible, so what TRUNCATE removes is dead: consumed (the
+-- claim that deleted it committed) or never committed. A producer that
+-- inserts into the slot afterwards (a clock reading from before the slot's
+-- turn, or when the slot comes round again) leaves a wake-up that claims
+-- read, as they read every slot, oldest id first.
 --
--- Why producers never wait: the lock is taken with NOWAIT (never queued, so
--- no producer queues behind it) and only while the slot is in neither its
--- producers' turn nor within 1 s of it; outbox_truncate_wakeups commits
--- within milliseconds (a statement of its own). A producer would wait only
--- if its insert into the slot fell in those milliseconds, which needs its
--- clock reading to be over a second older than its insert, within one
--- INSERT statement.
+-- Why producers never wait: a producer locks only the slot it inserts into,
+-- the one of its clock reading. outbox_truncate_wakeups waits for or holds
+-- a slot's lock only while the slot is at least 1 s from its producers'
+-- turn (it starts only in the first half of the 2 s before that turn), for
+-- 50 ms plus a TRUNCATE of a small table, in a statement of its own. Claims
+-- and the stats, which read every slot, may queue behind it for that long.
+-- A producer would wait only if more than a second passed between its clock
+-- reading and its insert, within one INSERT statement.
 --
--- Cost: one TRUNCATE of a small table every ~6 s (new files for the
--- partition and its key; a catalog row version each); the claim's walk of the
--- key and its DELETE probe three small keys instead of one large one.
+-- Cost: one TRUNCATE of a small table every 2 s (new files for the
+-- partition, its key and TOAST table: a catalog row version each); the
+-- claim's walk of the key and its DELETE probe three small keys instead of
+-- one large one.
 
 -- The slot a wake-up inserted now goes to. The period (2 s) and the slot
 -- count (3) are outbox_truncate_wakeups' too.
@@ -91,7 +93,10 @@ GRANT SELECT ON outbox_wakeups TO fifobox_operations;
 -- DEFINER: the dispatcher gets no TRUNCATE right on any table.
 -- +goose StatementBegin
 CREATE FUNCTION outbox_truncate_wakeups() RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $truncate$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+-- How long it waits for the slot's lock: claims that read the wake-ups wait
+-- behind it meanwhile (never a producer: see above).
+SET lock_timeout = '50ms' AS $truncate$
 DECLARE
     -- Seconds into the current slot's 2 s, and the slot after it.
     at double precision := extract(epoch FROM clock_timestamp());
@@ -108,7 +113,7 @@ BEGIN
         RETURN false;
     END IF;
     BEGIN
-        EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE NOWAIT', part);
+        EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE', part); -- waits lock_timeout at most
     EXCEPTION WHEN lock_not_available THEN
         RETURN false; -- someone holds it: a later call tries again
     END;

@@ -883,7 +883,7 @@ func (d *Dispatcher) aggID(id string) slog.Attr {
 	return slog.String("aggregate_id", id)
 }
 
-// truncateWakeups asks, at most once a second, for the wake-up slot that
+// truncateWakeups asks, at most twice a second, for the wake-up slot that
 // producers left last to be truncated once drained (outbox_truncate_wakeups,
 // migrations/00064): consumed wake-ups are then gone even while a long
 // transaction keeps vacuum from removing them, and claims do not walk them.
@@ -892,7 +892,7 @@ func (d *Dispatcher) aggID(id string) slog.Attr {
 func (d *Dispatcher) truncateWakeups(ctx context.Context) {
 	last := d.truncatedAt.Load()
 	now := time.Now().UnixNano()
-	if now-last < int64(time.Second) || !d.truncatedAt.CompareAndSwap(last, now) {
+	if now-last < int64(time.Second/2) || !d.truncatedAt.CompareAndSwap(last, now) {
 		return
 	}
 	d.dbSlots <- struct{}{}

@@ -19,14 +19,17 @@ import (
 // wake-up a producer committed. Producers enqueue one event each into an
 // aggregate of its own (so a lost wake-up leaves an aggregate with no head
 // and no wake-up: stranded), some holding their transaction open across a
-// slot change or rolling back; two claims consume wake-ups while a third
-// session truncates as often as it may, and a transaction held open all the
-// while keeps vacuum from removing anything (only TRUNCATE reclaims). The run
-// spans several 2 s slot periods; it fails too if no truncation happened.
+// slot change or rolling back; two claims consume wake-ups, falling behind
+// now and then (so a slot due for truncation may still hold live ones),
+// while a third session truncates as often as it may, and a transaction
+// held open all the while keeps vacuum from removing anything (only
+// TRUNCATE reclaims). The run spans several 2 s slot periods and at least 3
+// truncations. Without the check for live wake-ups after the
+// lock, it loses some.
 func TestTruncatedWakeupsLoseNothing(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
-		t.Skip("runs for about 9 s")
+		t.Skip("runs for 9 s or more")
 	}
 	db := pgtest.New(t)
 	ctx := context.Background()
@@ -41,23 +44,35 @@ func TestTruncatedWakeupsLoseNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	stop := time.Now().Add(9 * time.Second)
+	// Producers stop once 9 s have passed and 3 truncations happened (at
+	// most 60 s); claims and truncations go on half a second longer.
+	start := time.Now()
+	var stopAt atomic.Int64
+	stopAt.Store(start.Add(time.Minute).UnixNano())
+	producing := func() bool { return time.Now().UnixNano() < stopAt.Load() }
+	running := func() bool { return time.Now().UnixNano() < stopAt.Load()+int64(500*time.Millisecond) }
 	var (
 		wg        sync.WaitGroup
 		mu        sync.Mutex
 		committed []string
 		next      atomic.Int64
-		failed    atomic.Value
+		failed    error
 	)
-	fail := func(err error) { failed.CompareAndSwap(nil, err) }
+	fail := func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if failed == nil {
+			failed = err
+		}
+	}
 	for p := 0; p < 6; p++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			rnd := rand.New(rand.NewPCG(uint64(p), 28))
-			for time.Now().Before(stop) {
+			for producing() {
 				agg := fmt.Sprintf("rot-%d", next.Add(1))
-				roll := rnd.IntN(20)
+				roll := rnd.IntN(400)
 				err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
 					if err := outbox.Enqueue(ctx, tx, event(agg, 1)); err != nil {
 						return err
@@ -65,9 +80,9 @@ func TestTruncatedWakeupsLoseNothing(t *testing.T) {
 					switch {
 					case roll == 0: // open across a slot change: its slot may be the one to truncate
 						time.Sleep(time.Duration(2000+rnd.IntN(2500)) * time.Millisecond)
-					case roll == 1:
+					case roll < 20:
 						return errRolledBack
-					case roll < 6:
+					case roll < 120:
 						time.Sleep(time.Duration(rnd.IntN(30)) * time.Millisecond)
 					}
 					return nil
@@ -89,10 +104,16 @@ func TestTruncatedWakeupsLoseNothing(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for time.Now().Before(stop.Add(500 * time.Millisecond)) {
+			rnd := rand.New(rand.NewPCG(uint64(c), 64))
+			for running() {
 				if _, err := db.Pool.Exec(ctx, `SELECT outbox_consume_wakeups(50)`); err != nil {
 					fail(fmt.Errorf("consume: %w", err))
 					return
+				}
+				// Now and then both fall behind, so a slot due for
+				// truncation still holds live wake-ups.
+				if rnd.IntN(150) == 0 {
+					time.Sleep(1500 * time.Millisecond)
 				}
 				time.Sleep(5 * time.Millisecond)
 			}
@@ -102,21 +123,21 @@ func TestTruncatedWakeupsLoseNothing(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		for time.Now().Before(stop.Add(500 * time.Millisecond)) {
+		for running() {
 			var did bool
 			if err := db.Pool.QueryRow(ctx, `SELECT outbox_truncate_wakeups()`).Scan(&did); err != nil {
 				fail(fmt.Errorf("truncate: %w", err))
 				return
 			}
-			if did {
-				truncated.Add(1)
+			if did && truncated.Add(1) >= 3 && time.Since(start) > 9*time.Second {
+				stopAt.CompareAndSwap(start.Add(time.Minute).UnixNano(), time.Now().UnixNano())
 			}
 			time.Sleep(3 * time.Millisecond)
 		}
 	}()
 	wg.Wait()
-	if err, _ := failed.Load().(error); err != nil {
-		t.Fatal(err)
+	if failed != nil {
+		t.Fatal(failed)
 	}
 	consumedBefore.Store(int64(headCount(t, db.Pool, "true")))
 	// What is left is consumed now.
@@ -132,7 +153,7 @@ func TestTruncatedWakeupsLoseNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if truncated.Load() < 2 || consumedBefore.Load() == 0 {
+	if truncated.Load() < 3 || consumedBefore.Load() == 0 {
 		t.Fatalf("%d truncations, %d wake-ups consumed during the run: the race was not exercised", truncated.Load(), consumedBefore.Load())
 	}
 	// Every committed event's aggregate has its head: its wake-up was consumed.
