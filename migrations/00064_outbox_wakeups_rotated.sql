@@ -44,8 +44,8 @@
 --
 -- Cost: one TRUNCATE of a small table every 2 s (new files for the
 -- partition, its key and TOAST table: a catalog row version each); the
--- claim's walk of the key and its DELETE probe three small keys instead of
--- one large one.
+-- claim's walk of the key reads three small keys (a merge in id order)
+-- instead of one large one, and its DELETE probes each wake-up's own slot.
 
 -- The slot a wake-up inserted now goes to. The period (2 s) and the slot
 -- count (3) are outbox_truncate_wakeups' too.
@@ -165,8 +165,9 @@ BEGIN
         RETURN false; -- someone holds it: a later call tries again
     END;
     -- A snapshot taken now sees every wake-up the slot will ever hold from
-    -- before the lock.
-    IF EXISTS (SELECT 1 FROM outbox_wakeups WHERE slot = target) THEN
+    -- before the lock. (Another dispatcher may have truncated it while this
+    -- one waited: then there is nothing to do.)
+    IF pg_relation_size(part::regclass) = 0 OR EXISTS (SELECT 1 FROM outbox_wakeups WHERE slot = target) THEN
         RETURN false; -- not consumed yet: it stays until it is
     END IF;
     EXECUTE format('TRUNCATE %I', part);
