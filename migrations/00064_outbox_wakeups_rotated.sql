@@ -13,34 +13,36 @@
 -- producer's wake-up goes to slot floor(clock / 2 s) mod 3
 -- (outbox_wakeup_slot, the column's default: the enqueue functions and the
 -- insert trigger are unchanged), and outbox_truncate_wakeups, which the
--- dispatcher calls up to twice a second in a statement of its own, truncates
+-- dispatcher calls up to ten times a second in a statement of its own, truncates
 -- the slot that producers left 2 s ago and come back to in 2 s, once it holds
 -- no live wake-up. A claim walks at most the dead wake-ups of the last two
 -- slots (4-6 s of traffic), however long a transaction stays open.
 --
 -- Why no wake-up is lost: outbox_truncate_wakeups first takes the slot's
--- ACCESS EXCLUSIVE lock (waiting 50 ms at most), which it gets only once no
--- transaction holds any lock on that partition: none has an uncommitted
--- insert in it (an insert holds ROW EXCLUSIVE until its transaction ends)
--- or locked or deleted wake-ups of it (a claim's FOR UPDATE and DELETE lock
--- it too), and none can start one until it commits. Then, in a statement
--- whose snapshot follows the lock (READ COMMITTED; under any other isolation
--- it truncates nothing), it looks for a wake-up in the slot: every wake-up
--- the slot holds is now either committed and visible, or dead. It truncates
--- only if none is visible, so what TRUNCATE removes is dead: consumed (the
--- claim that deleted it committed) or never committed. A producer that
--- inserts into the slot afterwards (a clock reading from before the slot's
--- turn, or when the slot comes round again) leaves a wake-up that claims
--- read, as they read every slot, oldest id first.
+-- ACCESS EXCLUSIVE lock with NOWAIT, so it gets it only if no transaction
+-- holds any lock on that partition: none has an uncommitted insert in it
+-- (an insert holds ROW EXCLUSIVE until its transaction ends) or locked or
+-- deleted wake-ups of it (a claim's FOR UPDATE and DELETE lock it too), and
+-- none can start one until it commits. Then, in a statement whose snapshot
+-- follows the lock (READ COMMITTED; under any other isolation it truncates
+-- nothing), it looks for a wake-up in the slot: every wake-up the slot holds
+-- is now either committed and visible, or dead. It truncates only if none is
+-- visible, so what TRUNCATE removes is dead: consumed (the claim that
+-- deleted it committed) or never committed. A producer that inserts into the
+-- slot afterwards (a clock reading from before the slot's turn, or when the
+-- slot comes round again) leaves a wake-up that claims read, as they read
+-- every slot, oldest id first.
 --
--- Why producers never wait: a producer locks only the slot it inserts into,
--- the one of its clock reading. outbox_truncate_wakeups waits for or holds
--- a slot's lock only while the slot is at least 1 s from its producers'
--- turn (it starts only in the first half of the 2 s before that turn), for
--- 50 ms plus a TRUNCATE of a small table, in a statement of its own. Claims
--- and the stats, which read every slot, may queue behind it for that long.
--- A producer would wait only if more than a second passed between its clock
--- reading and its insert, within one INSERT statement.
+-- Why producers never wait: NOWAIT never queues, so nobody waits behind the
+-- request; once granted, the lock is held for a TRUNCATE of a small table in
+-- a statement of its own (milliseconds), and only while the slot is at
+-- least 1 s from its producers' turn (it starts only in the first half of
+-- the 2 s before). A producer locks only the slot of its clock reading, so
+-- it would wait only if more than a second passed between its clock reading
+-- and its insert, within one INSERT statement. Claims and the stats, which
+-- read every slot, wait for those milliseconds. Claims run back to back, so
+-- NOWAIT often fails: the dispatcher asks up to ten times a second, and a
+-- slot missed is truncated when its turn comes again (6 s later).
 --
 -- Cost: one TRUNCATE of a small table every 2 s (new files for the
 -- partition, its key and TOAST table: a catalog row version each); the
@@ -140,10 +142,7 @@ $wake$;
 -- DEFINER: the dispatcher gets no TRUNCATE right on any table.
 -- +goose StatementBegin
 CREATE FUNCTION outbox_truncate_wakeups() RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
--- How long it waits for the slot's lock: claims that read the wake-ups wait
--- behind it meanwhile (never a producer: see above).
-SET lock_timeout = '50ms' AS $truncate$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $truncate$
 DECLARE
     -- Seconds into the current slot's 2 s, and the slot after it.
     at double precision := extract(epoch FROM clock_timestamp());
@@ -160,7 +159,9 @@ BEGIN
         RETURN false;
     END IF;
     BEGIN
-        EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE', part); -- waits lock_timeout at most
+        -- NOWAIT: a lock request that waited would hold up every claim
+        -- (they read all slots) until it was granted.
+        EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE NOWAIT', part);
     EXCEPTION WHEN lock_not_available THEN
         RETURN false; -- someone holds it: a later call tries again
     END;

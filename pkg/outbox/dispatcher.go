@@ -883,16 +883,18 @@ func (d *Dispatcher) aggID(id string) slog.Attr {
 	return slog.String("aggregate_id", id)
 }
 
-// truncateWakeups asks, at most twice a second, for the wake-up slot that
+// truncateWakeups asks, at most ten times a second, for the wake-up slot that
 // producers left last to be truncated once drained (outbox_truncate_wakeups,
 // migrations/00064): consumed wake-ups are then gone even while a long
 // transaction keeps vacuum from removing them, and claims do not walk them.
-// A statement of its own, so the slot's lock is held for milliseconds. A
-// failure only leaves the dead wake-ups in place until a later call.
+// A statement of its own, so the slot's lock is held for milliseconds; it
+// never waits for the lock (claims would queue behind it), so most calls
+// find a claim in the way or nothing to do. A failure only leaves the dead
+// wake-ups in place until a later call.
 func (d *Dispatcher) truncateWakeups(ctx context.Context) {
 	last := d.truncatedAt.Load()
 	now := time.Now().UnixNano()
-	if now-last < int64(time.Second/2) || !d.truncatedAt.CompareAndSwap(last, now) {
+	if now-last < int64(100*time.Millisecond) || !d.truncatedAt.CompareAndSwap(last, now) {
 		return
 	}
 	d.dbSlots <- struct{}{}

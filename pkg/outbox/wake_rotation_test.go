@@ -24,8 +24,8 @@ import (
 // while a third session truncates as often as it may, and a transaction
 // held open all the while keeps vacuum from removing anything (only
 // TRUNCATE reclaims). The run spans several 2 s slot periods and at least 3
-// truncations. Without the check for live wake-ups after the
-// lock, it loses some.
+// truncations. Without the lock, or without the check for live wake-ups
+// after it, it loses some.
 func TestTruncatedWakeupsLoseNothing(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
