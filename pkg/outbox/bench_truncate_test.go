@@ -108,7 +108,7 @@ SELECT count(*) FILTER (WHERE l.locktype = 'relation' AND l.pid = ANY($1)),
        count(*) FILTER (WHERE l.locktype = 'relation'),
        count(*) FILTER (WHERE l.locktype <> 'relation' AND l.pid = ANY($1))
 FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
-WHERE NOT l.granted AND c.relname LIKE 'outbox\_wakeups%'`, pids).Scan(&mine, &all, &extend)
+WHERE NOT l.granted AND c.relnamespace = current_schema()::regnamespace AND c.relname LIKE 'outbox\_wakeups%'`, pids).Scan(&mine, &all, &extend)
 			producerWaits.Add(mine)
 			anyWait.Add(all)
 			otherWaits.Add(extend)
