@@ -15,8 +15,10 @@
 -- insert trigger are unchanged), and outbox_truncate_wakeups, which the
 -- dispatcher calls up to ten times a second in a statement of its own, truncates
 -- the slot that producers left 2 s ago and come back to in 2 s, once it holds
--- no live wake-up. A claim walks at most the dead wake-ups of the last two
--- slots (4-6 s of traffic), however long a transaction stays open.
+-- no live wake-up. A claim walks the dead wake-ups of the last two slots
+-- (4-6 s of traffic; more when a slot's truncation was missed, until its
+-- next turn), however long a transaction stays open: 1,100-5,800 at the end
+-- of that hold instead of 89,000.
 --
 -- Why no wake-up is lost: outbox_truncate_wakeups first takes the slot's
 -- ACCESS EXCLUSIVE lock with NOWAIT, so it gets it only if no transaction
