@@ -21,6 +21,11 @@
 -- of 1,000), linear in the heads, where production has millions. Now it
 -- probes the key once per run whatever the statistics say. Nothing else
 -- changes.
+--
+-- outbox_idle_heads had the same plans (a batch of 1,000 empty heads over
+-- 20,000: the lock statement a merge join walking 14,000 entries of the
+-- heads' key, the decision a hash join over 17,000 entries of the due
+-- index): it gets the same settings.
 
 -- outbox_mark_runs: as in 00061; the token is compared through u.
 -- +goose StatementBegin
@@ -115,6 +120,49 @@ END
 $mark$;
 -- +goose StatementEnd
 
+-- outbox_idle_heads: as in 00061, probes only.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION outbox_idle_heads(types text[], ids text[], seen_wakes bigint[]) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+-- Probes, never a merge or hash join that reads every head (see above).
+SET enable_mergejoin = off
+SET enable_hashjoin = off
+SET plan_cache_mode = force_custom_plan AS $idle$
+DECLARE
+    lt text[];
+    li text[];
+    lw bigint[];
+    n bigint;
+BEGIN
+    -- Lock first (never waiting: a head someone holds stays ready, 00053)...
+    SELECT array_agg(l.aggregate_type), array_agg(l.aggregate_id), array_agg(l.w) INTO lt, li, lw
+    FROM (SELECT h.aggregate_type, h.aggregate_id, u.w
+          FROM outbox_heads h JOIN unnest(types, ids, seen_wakes) AS u(t, i, w)
+            ON h.aggregate_type = u.t AND h.aggregate_id = u.i
+          ORDER BY h.aggregate_type, h.aggregate_id
+          FOR NO KEY UPDATE OF h SKIP LOCKED) l;
+    IF lt IS NULL THEN
+        RETURN 0;
+    END IF;
+    -- ...then decide on a snapshot taken after the locks were granted.
+    WITH idled AS (
+        UPDATE outbox_heads h SET state = 'idle', claim_token = NULL
+        FROM unnest(lt, li, lw) AS u(t, i, w)
+        WHERE h.aggregate_type = u.t AND h.aggregate_id = u.i
+          AND h.state = 'ready' AND h.claim_token IS NULL AND h.wakes = u.w
+          AND NOT EXISTS (SELECT 1 FROM outbox o
+                          WHERE o.aggregate_type = h.aggregate_type AND o.aggregate_id = h.aggregate_id
+                            AND o.aggregate_seq >= h.next_seq AND o.state <> 'sent' AND o.state <> 'discarded')
+        RETURNING 1
+    )
+    SELECT count(*) INTO n FROM idled;
+    RETURN n;
+END
+$idle$;
+-- +goose StatementEnd
+
 -- +goose Down
 -- outbox_mark_runs: as in 00061.
 -- +goose StatementBegin
@@ -202,4 +250,44 @@ BEGIN
     RETURN recorded;
 END
 $mark$;
+-- +goose StatementEnd
+
+-- outbox_idle_heads: as in 00061.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION outbox_idle_heads(types text[], ids text[], seen_wakes bigint[]) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET plan_cache_mode = force_custom_plan AS $idle$
+DECLARE
+    lt text[];
+    li text[];
+    lw bigint[];
+    n bigint;
+BEGIN
+    -- Lock first (never waiting: a head someone holds stays ready, 00053)...
+    SELECT array_agg(l.aggregate_type), array_agg(l.aggregate_id), array_agg(l.w) INTO lt, li, lw
+    FROM (SELECT h.aggregate_type, h.aggregate_id, u.w
+          FROM outbox_heads h JOIN unnest(types, ids, seen_wakes) AS u(t, i, w)
+            ON h.aggregate_type = u.t AND h.aggregate_id = u.i
+          ORDER BY h.aggregate_type, h.aggregate_id
+          FOR NO KEY UPDATE OF h SKIP LOCKED) l;
+    IF lt IS NULL THEN
+        RETURN 0;
+    END IF;
+    -- ...then decide on a snapshot taken after the locks were granted.
+    WITH idled AS (
+        UPDATE outbox_heads h SET state = 'idle', claim_token = NULL
+        FROM unnest(lt, li, lw) AS u(t, i, w)
+        WHERE h.aggregate_type = u.t AND h.aggregate_id = u.i
+          AND h.state = 'ready' AND h.claim_token IS NULL AND h.wakes = u.w
+          AND NOT EXISTS (SELECT 1 FROM outbox o
+                          WHERE o.aggregate_type = h.aggregate_type AND o.aggregate_id = h.aggregate_id
+                            AND o.aggregate_seq >= h.next_seq AND o.state <> 'sent' AND o.state <> 'discarded')
+        RETURNING 1
+    )
+    SELECT count(*) INTO n FROM idled;
+    RETURN n;
+END
+$idle$;
 -- +goose StatementEnd
