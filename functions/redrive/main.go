@@ -14,7 +14,8 @@
 // FIFOBOX_DB_HOST/PORT/NAME/USER + FIFOBOX_DB_IAM_AUTH=true);
 // FIFOBOX_TRANSPORT and that transport's settings (transport.RegisteredEnv:
 // with sns FIFOBOX_QUEUES = {"<consumer>": {"queue_url": "...", "dlq_url":
-// "...", "subscription_dlq_url": "..." (optional)}}); optional
+// "...", "subscription_dlq_url": "..." (optional)}}); FIFOBOX_INBOX_TABLE as
+// the consumer functions have it (dlq-discard marks events handled there); optional
 // FIFOBOX_DEFAULT_OPERATION, used when the event names none (e.g. "migrate"
 // for a deploy trigger that cannot choose its payload), checked at init. The
 // handler lives in pkg/lambdafn/redrive.
@@ -27,6 +28,7 @@ import (
 	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/fifobox/fifobox/pkg/inbox"
 	"github.com/fifobox/fifobox/pkg/lambdafn"
 	handler "github.com/fifobox/fifobox/pkg/lambdafn/redrive"
 	"github.com/fifobox/fifobox/pkg/readmodel"
@@ -62,6 +64,11 @@ func setup(ctx context.Context, log *slog.Logger) (*handler.Handler, error) {
 	rc := redrive.Config{Logger: log, Transport: string(t.Kind()),
 		AfterMigrate: func(ctx context.Context, pool *pgxpool.Pool) error { return readmodel.Setup(ctx, pool) }}
 	if rc.Operations, err = t.Operations(); err != nil {
+		return nil, err
+	}
+	// dlq-discard marks discarded events handled in the consumers' inbox
+	// table, configured as the consumer functions' (FIFOBOX_INBOX_TABLE).
+	if rc.Inbox, err = inbox.TableFromEnv(); err != nil {
 		return nil, err
 	}
 	// migrate (the deploy trigger) also declares a broker's topology; the

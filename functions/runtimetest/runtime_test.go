@@ -456,6 +456,9 @@ func TestInitFailureReachesTheRuntimeAPI(t *testing.T) {
 		cases = append(cases, tc{key, "FIFOBOX_DATABASE_URL", "", "FIFOBOX_DATABASE_URL"})
 	}
 	cases = append(cases, tc{"redrive", "", "FIFOBOX_DEFAULT_OPERATION=migrat", "FIFOBOX_DEFAULT_OPERATION"})
+	// dlq-discard writes to the consumers' inbox table: a bad one stops the
+	// operations function at init, as it stops a consumer.
+	cases = append(cases, tc{"redrive", "", `FIFOBOX_INBOX_TABLE={"table": "1nbox"}`, "FIFOBOX_INBOX_TABLE"})
 	for _, c := range cases {
 		t.Run(c.fn+"/"+c.want, func(t *testing.T) {
 			f, env := d.env(t, c.fn)
