@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -154,6 +155,12 @@ func NewAt(tb testing.TB, ep string, t topology.Topology, visibility int) *Env {
 	// Delete what the test made: messages left in queues would pile up in
 	// the shared emulator's memory and slow every later test down.
 	tb.Cleanup(func() {
+		if !accepting(ep) {
+			// A dedicated emulator the test stopped: its state went with
+			// it, and each delete would only retry against a closed port
+			// (seconds each).
+			return
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		for _, q := range res.Queues {
@@ -164,6 +171,20 @@ func NewAt(tb testing.TB, ep string, t topology.Topology, visibility int) *Env {
 		_, _ = e.SNS.DeleteTopic(ctx, &snssvc.DeleteTopicInput{TopicArn: aws.String(res.TopicARN)})
 	})
 	return e
+}
+
+// accepting says whether anything accepts connections at endpoint's address.
+func accepting(endpoint string) bool {
+	u, err := url.Parse(endpoint)
+	if err != nil {
+		return true
+	}
+	c, err := net.DialTimeout("tcp", u.Host, 2*time.Second)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
 }
 
 func healthy(endpoint string) bool {

@@ -118,7 +118,7 @@ func TestEachFunctionsBrokerUserCanDoOnlyItsJob(t *testing.T) {
 		_, _ = rand.Read(b)
 		name := "fbt-" + suffix + "-" + strings.ReplaceAll(key, ":", "-")
 		users[key] = amqp.User{Name: name, Password: hex.EncodeToString(b) + "/@:%", Role: role, Consumer: consumer}
-		t.Cleanup(func() { amqptest.Ctl(t, "delete_user", name) })
+		t.Cleanup(func() { amqptest.DeleteUser(t, name) })
 	}
 	cfg := amqp.Config{URL: v.URL, Topology: topo, Logger: quiet}
 	for _, u := range users {

@@ -81,9 +81,11 @@ func NewRunner(cfg Config, db inbox.DB, apply inbox.Apply, cc inbox.ConsumerConf
 func (r *Runner) Run(ctx context.Context) error {
 	defer r.dlq.close()
 	failures := 0
+	waited := false // the last wait let every earlier delivery come due
 	for ctx.Err() == nil {
 		started := time.Now()
-		err := r.session(ctx)
+		err := r.session(ctx, waited)
+		waited = false
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -96,8 +98,12 @@ func (r *Runner) Run(ctx context.Context) error {
 			// The lost delivery comes back only when its AckWait ends; the
 			// ones after it were left unacknowledged, so they expire with it
 			// and the server redelivers them together, in stream order.
-			// Resuming sooner would apply the later ones first.
-			wait = time.Duration(r.c.AckWait) + time.Second
+			// Resuming sooner would apply the later ones first. The session's
+			// pull request may take deliveries for up to one pull heartbeat
+			// after it ended (see pullHeartbeat): wait for those too. This
+			// wait covers everything the session start would wait for again.
+			ackWait := time.Duration(r.c.AckWait)
+			wait, waited = ackWait+pullHeartbeat(ackWait)+time.Second, true
 		}
 		if err != nil {
 			r.cfg.Logger.Warn("nats consumer: session ended; reconnecting", "consumer", r.c.Name, "retry_in", wait.String(), "error", err.Error())
@@ -114,8 +120,10 @@ func (r *Runner) Run(ctx context.Context) error {
 }
 
 // session consumes on one connection until it is closed, the consumer
-// disappears, a message cannot be settled, or ctx ends.
-func (r *Runner) session(ctx context.Context) error {
+// disappears, a message cannot be settled, or ctx ends. due says Run has
+// just waited until every earlier delivery was due again (after a lost
+// delivery), so the session starts pulling at once.
+func (r *Runner) session(ctx context.Context, due bool) error {
 	c := r.c
 	nc, err := r.cfg.dial("consumer/" + c.Name)
 	if err != nil {
@@ -137,7 +145,8 @@ func (r *Runner) session(ctx context.Context) error {
 	// aggregate's event 2 could be applied before its event 1 (conformance
 	// EventKillingTheConsumerIsDeadLettered). Start pulling once they are
 	// due again; the server redelivers before it delivers anything new.
-	if info, err := cons.Info(ctx); err == nil && info.NumAckPending > 0 {
+	// After a lost delivery Run has waited for that already.
+	if info, err := cons.Info(ctx); !due && err == nil && info.NumAckPending > 0 {
 		wait := time.Duration(c.AckWait) + time.Second
 		r.cfg.Logger.Info("nats consumer: waiting for an earlier reader's unacknowledged deliveries to come back", "consumer", c.Name, "pending", info.NumAckPending, "wait", wait.String())
 		t := time.NewTimer(wait)

@@ -170,23 +170,23 @@ func (p *pipeline) produce(nAgg, perAgg int, dur time.Duration, kinds []aggKind)
 		k := kinds[i%len(kinds)]
 		aggs = append(aggs, &agg{kind: k, id: fmt.Sprintf("%s-%d", k.typ, i)})
 	}
-	total := nAgg * perAgg
-	pause := dur / time.Duration(max(total/2, 1))
-	for done := 0; done < total && !p.t.Failed(); {
+	// About total/2 transactions (1-3 events each), paced to end after
+	// about dur however long each enqueue takes. Events are drawn from the
+	// aggregates not yet complete, so no round is empty.
+	pause := dur / time.Duration(max(nAgg*perAgg/2, 1))
+	start := time.Now()
+	for round := 1; len(aggs) > 0 && !p.t.Failed(); round++ {
 		var batch []envelope.Envelope
-		for j := 0; j < 1+rand.IntN(3) && done < total; j++ {
-			a := aggs[rand.IntN(len(aggs))]
-			if a.n == perAgg {
-				continue
-			}
+		for n := 1 + rand.IntN(3); n > 0 && len(aggs) > 0; n-- {
+			i := rand.IntN(len(aggs))
+			a := aggs[i]
 			batch = append(batch, newEvent(a.kind.typ, a.id, a.kind.events[a.n%len(a.kind.events)], 0))
-			a.n++
-			done++
+			if a.n++; a.n == perAgg {
+				aggs = append(aggs[:i], aggs[i+1:]...)
+			}
 		}
-		if len(batch) > 0 {
-			p.enqueue(batch...)
-		}
-		time.Sleep(pause)
+		p.enqueue(batch...)
+		time.Sleep(time.Until(start.Add(time.Duration(round) * pause)))
 	}
 }
 
