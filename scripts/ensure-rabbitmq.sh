@@ -7,8 +7,10 @@
 #   fifobox       make local (pkg/transport/amqp.DefaultURL)
 #   fifobox-test  a stable vhost for ad-hoc test runs
 # The Go tests create a vhost of their own per test (fifobox-test-<random>,
-# pkg/transport/amqp/amqptest) with rabbitmqctl and delete it afterwards, so
-# this script must leave rabbitmqctl usable (run as root, or via sudo).
+# pkg/transport/amqp/amqptest) through the management API below and delete
+# it afterwards (rabbitmqctl where the API does not answer, and for the
+# profile tests' policies), so this script must leave rabbitmqctl usable too
+# (run as root, or via sudo).
 # It also enables the management plugin (online, on 127.0.0.1:15672 only):
 # the provisioner creates the functions' broker users through its HTTP API,
 # as it does on Amazon MQ (port 443 there), and the user tests use it.
