@@ -42,8 +42,7 @@ func params(cmd Command) []byte {
 // auditStart inserts a 'started' row and returns its id.
 func (s *Service) auditStart(ctx context.Context, db execer, cmd Command) (int64, error) {
 	var id int64
-	err := db.QueryRow(ctx, `INSERT INTO redrive_audit (operation, actor, request_id, params, dry_run)
-VALUES ($1, $2, NULLIF($3, ''), $4::jsonb, $5) RETURNING id`, cmd.Operation, cmd.Actor, cmd.RequestID, string(params(cmd)), cmd.DryRun).Scan(&id)
+	err := db.QueryRow(ctx, sqlAuditStart, cmd.Operation, cmd.Actor, cmd.RequestID, string(params(cmd)), cmd.DryRun).Scan(&id)
 	if err != nil {
 		return 0, fmt.Errorf("write audit row: %w", err)
 	}
@@ -64,7 +63,7 @@ func (s *Service) auditFinish(ctx context.Context, id int64, cmd Command, affect
 	// The outcome must be recorded even if the caller's context is ending.
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	_, err := s.db.Exec(actx, `UPDATE redrive_audit SET status = $2, affected = $3, error = NULLIF($4, ''), finished_at = now() WHERE id = $1`,
+	_, err := s.db.Exec(actx, sqlAuditFinish,
 		id, status, affected, text)
 	lvl := s.log.Info
 	if opErr != nil {
@@ -80,8 +79,7 @@ func (s *Service) auditFinish(ctx context.Context, id int64, cmd Command, affect
 
 // ListAudit returns the most recent audit rows, newest first.
 func ListAudit(ctx context.Context, db execerQuery, limit int) ([]AuditEntry, error) {
-	rows, err := db.Query(ctx, `SELECT id, operation, actor, coalesce(request_id, ''), params, dry_run, status, affected,
-       coalesce(error, ''), started_at, finished_at FROM redrive_audit ORDER BY id DESC LIMIT $1`, limit)
+	rows, err := db.Query(ctx, sqlListAudit, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list audit: %w", err)
 	}

@@ -188,11 +188,7 @@ func (s *Service) heldGroups(ctx context.Context, consumer string, groups []stri
 	if groups == nil {
 		groups = []string{}
 	}
-	rows, err := s.db.Query(ctx, `SELECT group_id, message_key, coalesce(sequence, 0), class, held_at, n FROM (
-    SELECT group_id, message_key, sequence, class, held_at, position,
-           row_number() OVER (PARTITION BY group_id ORDER BY position) AS rn, count(*) OVER (PARTITION BY group_id) AS n
-    FROM inbox_held WHERE consumer = $1 AND (cardinality($2::text[]) = 0 OR group_id = ANY($2::text[]))) h
-WHERE rn <= $3 ORDER BY group_id, position`, consumer, groups, heldShown)
+	rows, err := s.db.Query(ctx, sqlHeldGroups, consumer, groups, heldShown)
 	if err != nil {
 		return nil, fmt.Errorf("held groups: %w", err)
 	}
@@ -299,9 +295,7 @@ func (s *Service) dlqDiscard(ctx context.Context, cmd Command) (Result, error) {
 func (s *Service) markDiscarded(ctx context.Context, tx pgx.Tx, consumer string, msgs []transport.DLQMessage, ids, types, aggs []string, seqs []int64) (int64, error) {
 	t := s.cfg.Inbox
 	if t.Own() {
-		tag, err := tx.Exec(ctx, `INSERT INTO inbox (consumer, event_id, aggregate_type, aggregate_id, sequence, outcome)
-SELECT $1, d.id::uuid, d.t, d.a, d.s, 'discarded' FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[]) AS d(id, t, a, s)
-ON CONFLICT (consumer, event_id) DO NOTHING`, consumer, ids, types, aggs, seqs)
+		tag, err := tx.Exec(ctx, sqlInboxDiscarded, consumer, ids, types, aggs, seqs)
 		if err != nil {
 			return 0, err
 		}
@@ -352,13 +346,12 @@ func (s *Service) settleDiscarded(ctx context.Context, cmd Command, msgs []trans
 		if cmd.From == SourceSubscriptionDLQ {
 			return nil // SNS never delivered them to the consumer: nothing holds a group
 		}
-		tag, err := tx.Exec(ctx, `DELETE FROM inbox_held h USING unnest($2::text[], $3::text[]) AS d(g, k)
-WHERE h.consumer = $1 AND h.group_id = d.g AND h.message_key = d.k`, cmd.Consumer, groups, keys)
+		tag, err := tx.Exec(ctx, sqlReleaseHeldMessages, cmd.Consumer, groups, keys)
 		if err != nil {
 			return fmt.Errorf("release holds: %w", err)
 		}
 		released = tag.RowsAffected()
-		tag, err = tx.Exec(ctx, `DELETE FROM inbox_held WHERE consumer = $1 AND group_id = ANY($2::text[])`, cmd.Consumer, whole)
+		tag, err = tx.Exec(ctx, sqlReleaseHeldGroups, cmd.Consumer, whole)
 		if err != nil {
 			return fmt.Errorf("release holds: %w", err)
 		}

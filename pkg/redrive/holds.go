@@ -21,9 +21,8 @@ func (s *Service) releaseHolds(ctx context.Context, cmd Command) (Result, error)
 	if groups == nil {
 		groups = []string{} // never NULL: cardinality(NULL) would match nothing
 	}
-	const where = ` FROM inbox_held WHERE consumer = $1 AND (cardinality($2::text[]) = 0 OR group_id = ANY($2::text[]))`
 	var n, g int64
-	if err := s.db.QueryRow(ctx, `SELECT count(*), count(DISTINCT group_id)`+where, cmd.Consumer, groups).Scan(&n, &g); err != nil {
+	if err := s.db.QueryRow(ctx, sqlCountHeld, cmd.Consumer, groups).Scan(&n, &g); err != nil {
 		return res, fmt.Errorf("release-holds: count: %w", err)
 	}
 	res.Affected, res.Aggregates = n, int(g)
@@ -40,12 +39,12 @@ func (s *Service) releaseHolds(ctx context.Context, cmd Command) (Result, error)
 			return err
 		}
 		res.AuditID = id
-		tag, err := tx.Exec(ctx, `DELETE`+where, cmd.Consumer, groups)
+		tag, err := tx.Exec(ctx, sqlDeleteHeld, cmd.Consumer, groups)
 		if err != nil {
 			return fmt.Errorf("delete held rows: %w", err)
 		}
 		res.Affected = tag.RowsAffected()
-		_, err = tx.Exec(ctx, `UPDATE redrive_audit SET status = 'done', affected = $2, finished_at = now() WHERE id = $1`, id, res.Affected)
+		_, err = tx.Exec(ctx, sqlAuditDone, id, res.Affected)
 		return err
 	})
 	if err != nil {

@@ -292,12 +292,7 @@ func (s *Service) held(ctx context.Context, consumer string, q *QueuesStatus) {
 		unknown(s.cfg.DBError)
 		return
 	}
-	rows, err := s.db.Query(ctx, `SELECT consumer, sum(groups)::bigint, sum(msgs)::bigint, sum(parked)::bigint FROM (
-    SELECT consumer, count(DISTINCT group_id) AS groups, count(*) AS msgs, 0 AS parked FROM inbox_held
-    WHERE $1 = '' OR consumer = $1 GROUP BY consumer
-    UNION ALL
-    SELECT consumer, 0, 0, count(*) FROM inbox_parked WHERE $1 = '' OR consumer = $1 GROUP BY consumer) c
-GROUP BY consumer ORDER BY consumer`, consumer)
+	rows, err := s.db.Query(ctx, sqlHeldByConsumer, consumer)
 	if err != nil {
 		unknown(err)
 		return
@@ -340,10 +335,7 @@ func (s *Service) deadList(ctx context.Context, cmd Command) (Result, error) {
 	if limit == 0 {
 		limit = defaultLimit
 	}
-	rows, err := s.db.Query(ctx, `SELECT id, event_id::text, event_type, aggregate_type, aggregate_id, aggregate_seq, attempts,
-       coalesce(last_error, ''), created_at
-FROM outbox WHERE state = 'dead' AND ($1 = '' OR aggregate_type = $1)
-ORDER BY id LIMIT $2`, cmd.AggregateType, limit)
+	rows, err := s.db.Query(ctx, sqlListDead, cmd.AggregateType, limit)
 	if err != nil {
 		return Result{}, fmt.Errorf("list dead events: %w", err)
 	}
@@ -377,11 +369,11 @@ func (s *Service) prune(ctx context.Context, cmd Command) (Result, error) {
 		// events (outbox_events derives sent from the heads; a sent event's
 		// age is its creation unless its row says when it was sent), inbox
 		// rows, past their retention.
-		if err := s.db.QueryRow(ctx, `SELECT count(*) FROM outbox_events WHERE state IN ('sent', 'discarded') AND coalesce(sent_at, created_at) < $1`,
+		if err := s.db.QueryRow(ctx, sqlCountPrunableEvents,
 			time.Now().Add(-older)).Scan(&n); err != nil {
 			return 0, 0, fmt.Errorf("count prunable events: %w", err)
 		}
-		if err := s.db.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE processed_at < $1`, time.Now().Add(-inboxOlder)).Scan(&m); err != nil {
+		if err := s.db.QueryRow(ctx, sqlCountPrunableInbox, time.Now().Add(-inboxOlder)).Scan(&m); err != nil {
 			return 0, 0, fmt.Errorf("count prunable inbox rows: %w", err)
 		}
 		return n, m, nil
@@ -490,12 +482,6 @@ func selection(cmd Command, requireType bool) (ids []string, since, until *time.
 	return ids, since, until, nil
 }
 
-const sqlSelectWhere = `
-  AND (cardinality($1::uuid[]) = 0 OR event_id = ANY($1::uuid[]))
-  AND ($2 = '' OR aggregate_type = $2)
-  AND ($3::timestamptz IS NULL OR created_at >= $3)
-  AND ($4::timestamptz IS NULL OR created_at < $4)`
-
 func (s *Service) requeueDead(ctx context.Context, cmd Command) (Result, error) {
 	return s.changeDead(ctx, cmd, "requeue", "requeued", func(tx pgx.Tx, sel outbox.DeadSelection) (int64, error) {
 		return outbox.RequeueDead(ctx, tx, sel)
@@ -520,7 +506,7 @@ func (s *Service) changeDead(ctx context.Context, cmd Command, verb, done string
 	res := Result{Operation: cmd.Operation, DryRun: cmd.DryRun}
 	var n int64
 	var aggs int
-	if err := s.db.QueryRow(ctx, `SELECT count(*), count(DISTINCT (aggregate_type, aggregate_id)) FROM outbox WHERE state = 'dead'`+sqlSelectWhere,
+	if err := s.db.QueryRow(ctx, sqlCountDead,
 		ids, cmd.AggregateType, since, until).Scan(&n, &aggs); err != nil {
 		return res, fmt.Errorf("%s: count: %w", cmd.Operation, err)
 	}
@@ -543,7 +529,7 @@ func (s *Service) changeDead(ctx context.Context, cmd Command, verb, done string
 		if err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, `UPDATE redrive_audit SET status = 'done', affected = $2, finished_at = now() WHERE id = $1`, auditID, res.Affected)
+		_, err = tx.Exec(ctx, sqlAuditDone, auditID, res.Affected)
 		return err
 	})
 	if err != nil {

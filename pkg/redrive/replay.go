@@ -42,10 +42,7 @@ func (s *Service) replay(ctx context.Context, cmd Command) (Result, error) {
 	if since == nil {
 		return res, fmt.Errorf("replay: %w", fieldErr("since", "required (replaying a whole history must be explicit: pass 1970-01-01)"))
 	}
-	rows, err := s.db.Query(ctx, `SELECT id, event_id::text, event_type, aggregate_type, aggregate_id, aggregate_seq,
-       coalesce(tenant_id, ''), coalesce(traceparent, '')
-FROM outbox_events WHERE state = 'sent'`+sqlSelectWhere+`
-ORDER BY aggregate_id, aggregate_seq`, ids, cmd.AggregateType, since, until)
+	rows, err := s.db.Query(ctx, sqlReplayEvents, ids, cmd.AggregateType, since, until)
 	if err != nil {
 		return res, fmt.Errorf("replay: select events: %w", err)
 	}
@@ -94,7 +91,7 @@ ORDER BY aggregate_id, aggregate_seq`, ids, cmd.AggregateType, since, until)
 		if auditID, err = s.auditStart(ctx, tx, cmd); err != nil {
 			return err
 		}
-		tag, err := tx.Exec(ctx, `DELETE FROM inbox WHERE consumer = $1 AND event_id = ANY($2::uuid[])`, cmd.Consumer, eventIDs)
+		tag, err := tx.Exec(ctx, sqlForgetInbox, cmd.Consumer, eventIDs)
 		if err != nil {
 			return fmt.Errorf("delete inbox entries: %w", err)
 		}
@@ -164,7 +161,7 @@ func (s *Service) bodies(ctx context.Context, chunk []replayEvent) (map[int64][]
 	for i, e := range chunk {
 		ids[i] = e.id
 	}
-	rows, err := s.db.Query(ctx, `SELECT id, body FROM outbox WHERE id = ANY($1)`, ids)
+	rows, err := s.db.Query(ctx, sqlBodies, ids)
 	if err != nil {
 		return nil, fmt.Errorf("read bodies: %w", err)
 	}

@@ -135,7 +135,7 @@ func (s *Service) retryNow(ctx context.Context, cmd Command) (Result, error) {
 		if aggs, events, err = outbox.RetryNow(ctx, tx, sel, false); err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, `UPDATE redrive_audit SET status = 'done', affected = $2, finished_at = now() WHERE id = $1`, id, aggs)
+		_, err = tx.Exec(ctx, sqlAuditDone, id, aggs)
 		return err
 	})
 	if err != nil {
@@ -171,7 +171,7 @@ func (s *Service) repairHeads(ctx context.Context, cmd Command) (Result, error) 
 		if heads, err = outbox.RebuildHeads(ctx, tx); err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, `UPDATE redrive_audit SET status = 'done', affected = $2, finished_at = now() WHERE id = $1`, id, heads)
+		_, err = tx.Exec(ctx, sqlAuditDone, id, heads)
 		return err
 	})
 	if err != nil {
