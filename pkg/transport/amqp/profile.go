@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -20,6 +19,7 @@ import (
 	"github.com/fifobox/fifobox/pkg/envspec"
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/transport"
+	"github.com/fifobox/fifobox/pkg/transport/amqp/internal/mgmtapi"
 	"github.com/fifobox/fifobox/pkg/wire"
 )
 
@@ -313,9 +313,7 @@ func (r Rabbitmqctl) QueuePolicies(ctx context.Context, vhost string) (map[strin
 // API (Amazon MQ serves it on https://<broker host>), as the AMQP URL's
 // user, which needs the policymaker (or administrator) tag.
 type ManagementPolicies struct {
-	base       *url.URL
-	user, pass string
-	client     *http.Client
+	api *mgmtapi.Client
 }
 
 // NewManagementPolicies returns a PolicySetter for the API at base
@@ -336,48 +334,13 @@ func NewManagementPolicies(base, amqpURL string) (*ManagementPolicies, error) {
 	default:
 		u = &url.URL{Scheme: "http", Host: net.JoinHostPort(a.Host, "15672")}
 	}
-	return &ManagementPolicies{base: u, user: a.Username, pass: a.Password, client: &http.Client{Timeout: 30 * time.Second}}, nil
-}
-
-func (m *ManagementPolicies) do(ctx context.Context, method, path string, body any, out any) error {
-	u := *m.base
-	path, u.RawQuery, _ = strings.Cut(path, "?")
-	u.RawPath = path
-	u.Path, _ = url.PathUnescape(path)
-	var rd io.Reader
-	if body != nil {
-		b, _ := json.Marshal(body)
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, u.String(), rd)
-	if err != nil {
-		return err
-	}
-	req.SetBasicAuth(m.user, m.pass)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := m.client.Do(req)
-	if err != nil {
-		// The URL carries no credentials; the error cannot echo them.
-		return fmt.Errorf("%s %s: %w", method, u.Path, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if resp.StatusCode/100 != 2 {
-		if len(b) > 300 {
-			b = b[:300]
-		}
-		return fmt.Errorf("%s %s: %s %s", method, u.Path, resp.Status, bytes.TrimSpace(b))
-	}
-	if out != nil {
-		return json.Unmarshal(b, out)
-	}
-	return nil
+	return &ManagementPolicies{api: mgmtapi.New(*u, a.Username, a.Password, 30*time.Second)}, nil
 }
 
 // SetPolicies implements PolicySetter (PUT /api/policies/<vhost>/<name> each).
 func (m *ManagementPolicies) SetPolicies(ctx context.Context, vhost string, ps []Policy) error {
 	for _, p := range ps {
-		if err := m.do(ctx, http.MethodPut, "/api/policies/"+url.PathEscape(vhost)+"/"+url.PathEscape(p.Name), map[string]any{
+		if err := m.api.Do(ctx, http.MethodPut, "/api/policies/"+url.PathEscape(vhost)+"/"+url.PathEscape(p.Name), map[string]any{
 			"pattern": p.Pattern, "definition": p.Definition, "priority": p.Priority, "apply-to": "queues",
 		}, nil); err != nil {
 			return fmt.Errorf("policy %s: %w", p.Name, err)
@@ -392,7 +355,7 @@ func (m *ManagementPolicies) QueuePolicies(ctx context.Context, vhost string) (m
 		Name   string `json:"name"`
 		Policy string `json:"policy"`
 	}
-	if err := m.do(ctx, http.MethodGet, "/api/queues/"+url.PathEscape(vhost)+"?columns=name,policy", nil, &qs); err != nil {
+	if err := m.api.Do(ctx, http.MethodGet, "/api/queues/"+url.PathEscape(vhost)+"?columns=name,policy", nil, &qs); err != nil {
 		return nil, err
 	}
 	out := make(map[string]string, len(qs))

@@ -8,13 +8,10 @@
 package amqptest
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -26,6 +23,7 @@ import (
 	"time"
 
 	"github.com/fifobox/fifobox/pkg/redact"
+	"github.com/fifobox/fifobox/pkg/transport/amqp/internal/mgmtapi"
 )
 
 // DefaultURL is the broker tests use when FIFOBOX_TEST_AMQP_URL is unset;
@@ -84,7 +82,7 @@ func New(tb testing.TB) *Vhost {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		if api != nil {
-			if err := api.do(ctx, http.MethodDelete, "/api/vhosts/"+url.PathEscape(name), nil); err != nil {
+			if err := api.Do(ctx, http.MethodDelete, "/api/vhosts/"+url.PathEscape(name), nil, nil); err != nil {
 				tb.Logf("amqptest: delete vhost %s: %v", name, err)
 			}
 			return
@@ -152,11 +150,7 @@ func DeleteUser(tb testing.TB, name string) {
 
 // management is the broker's management API at http://<host>:15672 as
 // the AMQP URL's user (guest on loopback here).
-type management struct {
-	base       url.URL
-	user, pass string
-	client     *http.Client
-}
+type management struct{ *mgmtapi.Client }
 
 func newManagement(amqpURL *url.URL) *management {
 	user, pass := "guest", "guest"
@@ -164,14 +158,13 @@ func newManagement(amqpURL *url.URL) *management {
 		user = amqpURL.User.Username()
 		pass, _ = amqpURL.User.Password()
 	}
-	return &management{base: url.URL{Scheme: "http", Host: net.JoinHostPort(amqpURL.Hostname(), "15672")},
-		user: user, pass: pass, client: &http.Client{Timeout: time.Minute}}
+	return &management{mgmtapi.New(url.URL{Scheme: "http", Host: net.JoinHostPort(amqpURL.Hostname(), "15672")}, user, pass, time.Minute)}
 }
 
 // up says whether the API answers (the plugin may be off on a broker
 // started some other way).
 func (m *management) up() bool {
-	c, err := net.DialTimeout("tcp", m.base.Host, time.Second)
+	c, err := net.DialTimeout("tcp", m.Host(), time.Second)
 	if err != nil {
 		return false
 	}
@@ -179,38 +172,11 @@ func (m *management) up() bool {
 	return true
 }
 
-func (m *management) do(ctx context.Context, method, path string, body any) error {
-	u := m.base
-	u.RawPath = path
-	u.Path, _ = url.PathUnescape(path)
-	var rd io.Reader
-	if body != nil {
-		b, _ := json.Marshal(body)
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, u.String(), rd)
-	if err != nil {
-		return err
-	}
-	req.SetBasicAuth(m.user, m.pass)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := m.client.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("%s %s: %s %s", method, u.Path, resp.Status, bytes.TrimSpace(b))
-	}
-	return nil
-}
-
 func (m *management) must(tb testing.TB, method, path string, body any) {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := m.do(ctx, method, path, body); err != nil {
+	if err := m.Do(ctx, method, path, body, nil); err != nil {
 		tb.Fatalf("amqptest: management API: %v", err)
 	}
 }
