@@ -13,6 +13,7 @@ import (
 
 	"github.com/fifobox/fifobox/internal/pgtest"
 	"github.com/fifobox/fifobox/pkg/outbox"
+	"github.com/fifobox/fifobox/pkg/outbox/outboxtest"
 )
 
 // Truncating drained wake-up slots (migration 00064) never removes a
@@ -176,3 +177,62 @@ func TestTruncatedWakeupsLoseNothing(t *testing.T) {
 }
 
 var errRolledBack = fmt.Errorf("rolled back on purpose")
+
+// The dispatcher itself truncates drained wake-up slots as it claims: over
+// a few slot periods of steady traffic, some slot's storage is replaced
+// (TRUNCATE gives it a new file) and every event is published.
+func TestDispatcherTruncatesDrainedWakeupSlots(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	files := func() map[string]uint32 {
+		t.Helper()
+		rows, err := db.Pool.Query(ctx, `SELECT relname, relfilenode::bigint FROM pg_class
+			WHERE oid IN ('outbox_wakeups_0'::regclass, 'outbox_wakeups_1'::regclass, 'outbox_wakeups_2'::regclass)`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]uint32{}
+		for rows.Next() {
+			var name string
+			var node int64
+			if err := rows.Scan(&name, &node); err != nil {
+				t.Fatal(err)
+			}
+			m[name] = uint32(node)
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	before := files()
+	rec := &outboxtest.Recorder{}
+	d := newDispatcher(t, db.Pool, rec, outbox.DispatcherConfig{})
+	n := 0
+	// Three slot periods and a half: each slot is next in line at least
+	// once with wake-ups written and consumed in it.
+	for end := time.Now().Add(7 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		n++
+		enqueue(t, db.Pool, event(fmt.Sprintf("tr-%d", n), 1))
+		if _, err := d.RunOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := d.RunOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.Len(); got != n {
+		t.Fatalf("published %d of %d events", got, n)
+	}
+	after := files()
+	changed := 0
+	for name, node := range before {
+		if after[name] != node {
+			changed++
+		}
+	}
+	if changed == 0 {
+		t.Fatalf("no wake-up slot was truncated in 7 s of claims (files before %v, after %v)", before, after)
+	}
+}
