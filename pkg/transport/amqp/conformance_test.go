@@ -34,6 +34,7 @@ var harness = transporttest.Harness{
 		cfg, v := setup(t, topo)
 		return &deployment{t: t, cfg: cfg, vhost: v}
 	},
+	Preset: preset,
 	Rebuild: func(spec string) (transporttest.Deployment, error) {
 		var cfg amqp.Config
 		if err := json.Unmarshal([]byte(spec), &struct {

@@ -36,12 +36,12 @@ const (
 // event per aggregate can be in flight, so deeper aggregates measure rounds,
 // not speed), ~300-byte bodies.
 func benchEvents(n int) []envelope.Envelope {
-	kinds := holdcoKinds
+	kinds := transporttest.Holdco.Kinds
 	aggs := max(n/2, 1)
 	out := make([]envelope.Envelope, 0, n)
 	for i := 0; i < n; i++ {
 		k := kinds[(i%aggs)%len(kinds)]
-		e := newEvent(k.typ, fmt.Sprintf("%s-%07d", k.typ, i%aggs), k.events[(i/aggs)%len(k.events)], int64(i/aggs+1))
+		e := newEvent(k.Type, fmt.Sprintf("%s-%07d", k.Type, i%aggs), k.Events[(i/aggs)%len(k.Events)], int64(i/aggs+1))
 		e.Payload = []byte(fmt.Sprintf(`{"amount_cents":%d,"currency":"EUR","note":"%0200d"}`, i, i))
 		out = append(out, e)
 	}
@@ -284,11 +284,11 @@ func latencyRun(b *testing.B, rate, seconds int) {
 	for _, c := range topo.Consumers {
 		lanes[c.Name] = c.Workers
 	}
-	routes := (&pipeline{topo: topo}).routes
+	routes := routes(topo)
 	evs := make([]envelope.Envelope, rate*seconds)
 	for i := range evs {
-		k := holdcoKinds[i%len(holdcoKinds)]
-		evs[i] = newEvent(k.typ, fmt.Sprintf("%s-%04d", k.typ, i%500), k.events[(i/500)%len(k.events)], 0)
+		k := transporttest.Holdco.Kinds[i%len(transporttest.Holdco.Kinds)]
+		evs[i] = newEvent(k.Type, fmt.Sprintf("%s-%04d", k.Type, i%500), k.Events[(i/500)%len(k.Events)], 0)
 	}
 	transporttest.LatencyRun{DB: pgtest.New(b), Publisher: pub, Consumers: lanes,
 		Runner: func(name string, db inbox.DB, apply inbox.Apply, cc inbox.ConsumerConfig) (transport.Runner, error) {

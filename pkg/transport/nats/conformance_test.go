@@ -33,13 +33,9 @@ var harness = transporttest.Harness{
 			topo.Consumers = append(topo.Consumers, nats.Consumer{Name: name, Filters: []string{">"}, Retry: o.Retry,
 				AckWait: transport.Duration(ackWait), Workers: o.Lanes})
 		}
-		cfg := setup(t, topo)
-		// Every client of the deployment connects through a proxy the
-		// suite can cut.
-		px := transporttest.NewProxy(t, strings.TrimPrefix(serverURL(), "nats://"))
-		cfg.URL = "nats://" + px.Addr()
-		return &deployment{t: t, cfg: cfg, px: px}
+		return newDeployment(t, topo)
 	},
+	Preset: preset,
 	Rebuild: func(spec string) (transporttest.Deployment, error) {
 		var cfg nats.Config
 		if err := json.Unmarshal([]byte(spec), &struct {
@@ -53,6 +49,15 @@ var harness = transporttest.Harness{
 		return &deployment{cfg: cfg}, nil
 	},
 	Features: transporttest.Features{RedeliveryTimeout: true},
+}
+
+// newDeployment provisions topo on streams of the test's own; every client
+// of the deployment connects through a proxy the suite can cut.
+func newDeployment(t *testing.T, topo nats.Topology) *deployment {
+	cfg := setup(t, topo)
+	px := transporttest.NewProxy(t, strings.TrimPrefix(serverURL(), "nats://"))
+	cfg.URL = "nats://" + px.Addr()
+	return &deployment{t: t, cfg: cfg, px: px}
 }
 
 // deployment is one test's streams and consumers.

@@ -7,9 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fifobox/fifobox/internal/pgtest"
 	"github.com/fifobox/fifobox/pkg/envelope"
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/transport"
@@ -85,9 +87,12 @@ func TestRepublishInsideTheDuplicateWindowIsDropped(t *testing.T) {
 // each once.
 func TestDispatcherRepublishIsDropped(t *testing.T) {
 	t.Parallel()
-	p := newPipeline(t, nats.Corewrite())
-	p.stop() // this test runs its own dispatcher
-	pub := newPublisher(t, p.cfg)
+	db := pgtest.New(t)
+	cfg := setup(t, nats.Corewrite())
+	if err := cfg.Topology.Prepare(); err != nil {
+		t.Fatal(err)
+	}
+	pub := newPublisher(t, cfg)
 	lost := true
 	lossy := outbox.PublisherFunc(func(ctx context.Context, msgs []outbox.Message) []error {
 		errs := pub.Publish(ctx, msgs)
@@ -101,14 +106,17 @@ func TestDispatcherRepublishIsDropped(t *testing.T) {
 		}
 		return errs
 	})
+	ctx := context.Background()
 	for i := 0; i < 5; i++ {
-		p.enqueue(newEvent("doc", "d-"+string(rune('a'+i)), "doc.written", 0))
+		e := newEvent("doc", "d-"+string(rune('a'+i)), "doc.written", 0)
+		if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error { return outbox.Enqueue(ctx, tx, e) }); err != nil {
+			t.Fatal(err)
+		}
 	}
-	d, err := outbox.NewDispatcher(p.db.Pool, lossy, outbox.DispatcherConfig{BackoffBase: 10 * time.Millisecond, BackoffCap: 50 * time.Millisecond, Logger: quiet})
+	d, err := outbox.NewDispatcher(db.Pool, lossy, outbox.DispatcherConfig{BackoffBase: 10 * time.Millisecond, BackoffCap: 50 * time.Millisecond, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
 	for i := 0; i < 20 && d.Totals().Sent < 5; i++ {
 		if err := d.Drain(ctx); err != nil {
 			t.Fatal(err)
@@ -122,7 +130,7 @@ func TestDispatcherRepublishIsDropped(t *testing.T) {
 	if st.Stored != 5 || st.Duplicates < 1 {
 		t.Errorf("publisher stats %+v: want 5 stored and the republished ones as duplicates", st)
 	}
-	if n := dialRaw(t).msgs(p.topo.Stream); n != 5 {
+	if n := dialRaw(t).msgs(cfg.Topology.Stream); n != 5 {
 		t.Errorf("stream holds %d messages, want 5", n)
 	}
 	t.Logf("publisher stats %+v", st)

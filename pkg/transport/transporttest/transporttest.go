@@ -8,6 +8,8 @@
 // redelivery timeout, Lambda deadlines), and a Features struct for what
 // differs. A transport's test package calls Run from a test and Main from
 // its TestMain (the kill test re-executes the test binary as the consumer).
+// RunPipeline runs the whole flow (outbox, dispatcher, broker, inbox) on the
+// topologies every transport ships (Harness.Preset).
 package transporttest
 
 import (
@@ -30,6 +32,10 @@ type Harness struct {
 	// names or queues) with opts' consumers, each receiving every event,
 	// and removes it when the test ends.
 	New func(t *testing.T, opts Options) Deployment
+	// Preset provisions a fresh, isolated deployment of one of the
+	// topologies the transport ships, by its Preset name (Holdco.Name, ...),
+	// and says where its topology routes events (RunPipeline).
+	Preset func(t *testing.T, name string) (Deployment, Routing)
 	// Rebuild returns, in a child process, the deployment described by
 	// Deployment.Spec.
 	Rebuild func(spec string) (Deployment, error)

@@ -30,7 +30,7 @@ import (
 // which events the side effect fails.
 const schema = `
 CREATE TABLE applied (n bigserial PRIMARY KEY, consumer text NOT NULL, event_id uuid NOT NULL,
-    aggregate_id text NOT NULL, seq bigint NOT NULL);
+    aggregate_type text NOT NULL, aggregate_id text NOT NULL, seq bigint NOT NULL, event_type text NOT NULL);
 CREATE TABLE fail_plan (event_id uuid PRIMARY KEY, remaining int NOT NULL, permanent boolean NOT NULL DEFAULT false,
     crash boolean NOT NULL DEFAULT false)`
 
@@ -52,6 +52,14 @@ type world struct {
 func newWorld(t *testing.T, h Harness, opts Options) *world {
 	t.Helper()
 	opts.defaults()
+	w := openWorld(t, h)
+	w.dep = h.New(t, opts)
+	return w
+}
+
+// openWorld is a world without its deployment yet.
+func openWorld(t *testing.T, h Harness) *world {
+	t.Helper()
 	w := &world{t: t, h: h, db: pgtest.New(t)}
 	if _, err := w.db.Pool.Exec(context.Background(), schema); err != nil {
 		t.Fatal(err)
@@ -66,7 +74,6 @@ func newWorld(t *testing.T, h Harness, opts Options) *world {
 		t.Fatal(err)
 	}
 	t.Cleanup(w.planDB.Close)
-	w.dep = h.New(t, opts)
 	return w
 }
 
@@ -98,8 +105,8 @@ RETURNING permanent, crash`, e.ID).Scan(&permanent, &crash)
 				return fmt.Errorf("read the fail plan: %w", err)
 			}
 		}
-		_, err := tx.Exec(ctx, `INSERT INTO applied (consumer, event_id, aggregate_id, seq) VALUES ($1, $2, $3, $4)`,
-			consumer, e.ID, e.AggregateID, e.Sequence)
+		_, err := tx.Exec(ctx, `INSERT INTO applied (consumer, event_id, aggregate_type, aggregate_id, seq, event_type)
+VALUES ($1, $2, $3, $4, $5, $6)`, consumer, e.ID, e.AggregateType, e.AggregateID, e.Sequence, e.Type)
 		return err
 	}
 }
@@ -262,18 +269,19 @@ func (w *world) publish(evs ...envelope.Envelope) {
 
 type appliedRow struct {
 	consumer, eventID, agg string
+	aggType, eventType     string
 	seq                    int64
 }
 
 func (w *world) applied() []appliedRow {
 	w.t.Helper()
-	rows, err := w.db.Pool.Query(context.Background(), `SELECT consumer, event_id::text, aggregate_id, seq FROM applied ORDER BY n`)
+	rows, err := w.db.Pool.Query(context.Background(), `SELECT consumer, event_id::text, aggregate_type, aggregate_id, seq, event_type FROM applied ORDER BY n`)
 	if err != nil {
 		w.t.Fatal(err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (appliedRow, error) {
 		var a appliedRow
-		return a, r.Scan(&a.consumer, &a.eventID, &a.agg, &a.seq)
+		return a, r.Scan(&a.consumer, &a.eventID, &a.aggType, &a.agg, &a.seq, &a.eventType)
 	})
 	if err != nil {
 		w.t.Fatal(err)
@@ -329,28 +337,44 @@ func (w *world) checkOnceInOrder(consumer string, evs []envelope.Envelope) {
 	for _, e := range evs {
 		want[e.ID] = true
 	}
-	seen := map[string]bool{}
-	last := map[string]int64{}
-	n := 0
+	var rows []appliedRow
 	for _, r := range w.applied() {
-		if r.consumer != consumer {
-			continue
+		if r.consumer == consumer {
+			rows = append(rows, r)
 		}
-		n++
-		if seen[r.eventID] {
-			w.t.Errorf("%s applied event %s (%s/%d) twice", consumer, r.eventID, r.agg, r.seq)
-		}
-		seen[r.eventID] = true
-		if !want[r.eventID] {
-			w.t.Errorf("%s applied %s, which was not published to it", consumer, r.eventID)
-		}
-		if r.seq <= last[r.agg] {
-			w.t.Errorf("%s applied %s/%d after %s/%d", consumer, r.agg, r.seq, r.agg, last[r.agg])
-		}
-		last[r.agg] = r.seq
 	}
-	if n != len(evs) {
-		w.t.Errorf("%s applied %d events, want %d", consumer, n, len(evs))
+	checkOnceInOrder(w.t, rows, map[string]map[string]bool{consumer: want})
+}
+
+// checkOnceInOrder checks rows, in the order they were applied, against
+// want (consumer -> the ids of the events routed to it): every consumer
+// applied exactly its events, each once, every aggregate's in sequence
+// order.
+func checkOnceInOrder(t *testing.T, rows []appliedRow, want map[string]map[string]bool) {
+	t.Helper()
+	seen := map[string]bool{}
+	got := map[string]int{}
+	last := map[string]int64{}
+	for _, r := range rows {
+		k := r.consumer + "/" + r.eventID
+		if seen[k] {
+			t.Errorf("%s applied event %s (%s/%d) twice", r.consumer, r.eventID, r.agg, r.seq)
+		}
+		seen[k] = true
+		if !want[r.consumer][r.eventID] {
+			t.Errorf("%s applied %s (%s of %s/%d), which was not routed to it", r.consumer, r.eventID, r.eventType, r.agg, r.seq)
+		}
+		got[r.consumer]++
+		ak := r.consumer + "/" + r.aggType + "/" + r.agg
+		if r.seq <= last[ak] {
+			t.Errorf("%s applied %s/%d after %s/%d", r.consumer, r.agg, r.seq, r.agg, last[ak])
+		}
+		last[ak] = r.seq
+	}
+	for c, ids := range want {
+		if got[c] != len(ids) {
+			t.Errorf("%s applied %d events, want %d", c, got[c], len(ids))
+		}
 	}
 }
 
