@@ -137,7 +137,7 @@ func (r *Runner) session(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("consumer %s on stream %s (provisioned?): %w", c.Durable(), r.cfg.Topology.Stream, err)
 	}
-	pending, err := r.awaitEarlierReaders(ctx, cons)
+	pending, delivered, err := r.awaitEarlierReaders(ctx, cons)
 	if err != nil || ctx.Err() != nil {
 		return err
 	}
@@ -150,7 +150,7 @@ func (r *Runner) session(ctx context.Context) error {
 	}
 	s := r.engine.Start(ctx, &broker{topo: &r.cfg.Topology, c: c, dlq: r.dlq, log: r.cfg.Logger}, report)
 	r.mu.Lock()
-	r.lastDelivery, r.lost = 0, false
+	r.lastDelivery, r.lost = delivered, false
 	r.onLost = func() { report(errDeliveryLost) }
 	r.toHold, r.held, r.holdFor = pending, nil, s
 	r.holdTimer = time.AfterFunc(time.Hour, r.releaseHeldOnQuiet)
@@ -232,8 +232,10 @@ func (r *Runner) session(ctx context.Context) error {
 // if anything is unacknowledged, until AckWait + 1s have passed with none;
 // the server redelivers those before it delivers anything new, in the
 // order they came due (dispatch puts them back in stream order). It
-// returns how many are unacknowledged.
-func (r *Runner) awaitEarlierReaders(ctx context.Context, cons jetstream.Consumer) (int, error) {
+// returns how many are unacknowledged and the consumer sequence of the
+// last delivery: the session's first delivery must be the next one, or one
+// went to a pull request on a connection partitioned since (dispatch).
+func (r *Runner) awaitEarlierReaders(ctx context.Context, cons jetstream.Consumer) (pending int, delivered uint64, err error) {
 	ackWait := time.Duration(r.c.AckWait)
 	poll := pullHeartbeat(ackWait)
 	var clear time.Time // since when no one else's pull request was seen
@@ -242,9 +244,9 @@ func (r *Runner) awaitEarlierReaders(ctx context.Context, cons jetstream.Consume
 		info, err := cons.Info(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
-				return 0, nil
+				return 0, 0, nil
 			}
-			return 0, fmt.Errorf("consumer %s info: %w", r.c.Durable(), err)
+			return 0, 0, fmt.Errorf("consumer %s info: %w", r.c.Durable(), err)
 		}
 		switch {
 		case info.NumWaiting > 0:
@@ -255,7 +257,7 @@ func (r *Runner) awaitEarlierReaders(ctx context.Context, cons jetstream.Consume
 					"waiting", info.NumWaiting, "pending", info.NumAckPending)
 			}
 		case info.NumAckPending == 0 || !clear.IsZero() && time.Since(clear) >= ackWait+time.Second:
-			return info.NumAckPending, nil
+			return info.NumAckPending, info.Delivered.Consumer, nil
 		case clear.IsZero():
 			clear = time.Now()
 			r.cfg.Logger.Info("nats consumer: waiting for an earlier reader's unacknowledged deliveries to come back", "consumer", r.c.Name,
@@ -265,7 +267,7 @@ func (r *Runner) awaitEarlierReaders(ctx context.Context, cons jetstream.Consume
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return 0, nil
+			return 0, 0, nil
 		case <-t.C:
 		}
 	}
@@ -304,11 +306,12 @@ func (r *Runner) dispatch(s *inbox.Session, m jetstream.Msg) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	// Every delivery, redeliveries included, takes the next consumer
-	// sequence. A skipped number is a delivery sent while the connection was
+	// sequence, counting on from the consumer's last delivery before the
+	// session. A skipped number is a delivery sent while the connection was
 	// cut: it comes back only after its AckWait, so applying what follows
 	// now could apply an aggregate's later event before it. Stop taking
 	// deliveries (left unacknowledged) and end the session (see Run).
-	if r.lost || (r.lastDelivery != 0 && md.Sequence.Consumer != r.lastDelivery+1) {
+	if r.lost || md.Sequence.Consumer != r.lastDelivery+1 {
 		if !r.lost {
 			r.lost = true
 			r.cfg.Logger.Warn("nats consumer: a delivery was lost in transit; resuming after its ack wait",

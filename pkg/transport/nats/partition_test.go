@@ -24,12 +24,28 @@ import (
 
 // TestPartitionKeepsOrder: the runner's connection is partitioned (no FIN,
 // no RST: the server keeps it, and its pull requests, open) while events of
-// three aggregates are in flight. The client notices by its pings and
-// reconnects by another path; whatever the server sends to the dead
-// connection meanwhile, redeliveries included, is lost. Every aggregate's
-// events must still be applied in order, each once.
+// three aggregates arrive. The client notices by its pings and reconnects
+// by another path; whatever the server sends to the dead connection
+// meanwhile, redeliveries included, is lost. Every aggregate's events must
+// still be applied in order, each once: when the partition comes with
+// events in flight, and when it comes before the session's first delivery
+// (nothing received yet to see a gap after).
 func TestPartitionKeepsOrder(t *testing.T) {
-	t.Parallel()
+	for _, tt := range []struct {
+		name   string
+		before int // rounds applied before the partition
+	}{
+		{"events in flight", 3},
+		{"before the first delivery", 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			testPartition(t, tt.before)
+		})
+	}
+}
+
+func testPartition(t *testing.T, before int) {
 	const rounds = 20
 	aggs := []string{"a", "b", "c"}
 	cfg := setup(t, nats.Topology{Stream: "PART", SubjectPrefix: "part", Consumers: []nats.Consumer{{
@@ -77,7 +93,12 @@ func TestPartitionKeepsOrder(t *testing.T) {
 	// one event of each aggregate every 400ms.
 	var published atomic.Int64 // rounds published
 	pubDone := make(chan error, 1)
+	start := make(chan struct{})
+	if before > 0 {
+		close(start)
+	}
 	go func() {
+		<-start
 		for i := 1; i <= rounds; i++ {
 			msgs := make([]outbox.Message, len(aggs))
 			for j, a := range aggs {
@@ -102,11 +123,26 @@ func TestPartitionKeepsOrder(t *testing.T) {
 		}
 		return n
 	}
-	eventually(t, 15*time.Second, "the runner applying", func() bool { return count() >= 3*3 })
+	if before > 0 {
+		eventually(t, 15*time.Second, "the runner applying", func() bool { return count() >= before*len(aggs) })
+	} else {
+		// The runner is pulling: its pull request waits on the server.
+		cons, err := dialRaw(t).js.Consumer(ctx, cfg.Topology.Stream, "c")
+		if err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 15*time.Second, "the runner's pull request", func() bool {
+			info, err := cons.Info(ctx)
+			return err == nil && info.NumWaiting > 0
+		})
+	}
 	if n := px.Partition(); n == 0 {
 		t.Fatal("the runner has no connection through the proxy to partition")
 	}
 	partitioned := time.Now()
+	if before == 0 {
+		close(start)
+	}
 	after := published.Load() + 1 // the first round published after the partition
 	if err := <-pubDone; err != nil {
 		t.Fatal(err)
