@@ -14,7 +14,10 @@ import (
 // TestEndToEnd runs the pipeline suite (outbox -> dispatcher -> exchange ->
 // one queue per consumer -> a Runner per consumer applying through the
 // inbox) on this machine's RabbitMQ, each preset in a vhost of its own.
-func TestEndToEnd(t *testing.T) { transporttest.RunPipeline(t, harness) }
+func TestEndToEnd(t *testing.T) {
+	t.Parallel()
+	transporttest.RunPipeline(t, harness)
+}
 
 // presets are the shipped topologies by transporttest.Preset name; the
 // default topology converts to a headers exchange.

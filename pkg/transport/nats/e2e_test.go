@@ -13,7 +13,10 @@ import (
 // one durable consumer per subscriber -> a Runner per consumer applying
 // through the inbox) on this machine's NATS server, each preset on streams
 // of its own.
-func TestEndToEnd(t *testing.T) { transporttest.RunPipeline(t, harness) }
+func TestEndToEnd(t *testing.T) {
+	t.Parallel()
+	transporttest.RunPipeline(t, harness)
+}
 
 // presets are the shipped topologies by transporttest.Preset name.
 var presets = map[string]func() (nats.Topology, error){

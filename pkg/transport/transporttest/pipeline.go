@@ -96,7 +96,9 @@ func newPipeline(t *testing.T, h Harness, ps Preset) *pipeline {
 	p := &pipeline{world: w}
 	w.dep, p.routing = h.Preset(t, ps.Name)
 	for _, c := range p.routing.Consumers {
-		w.start(c, w.db.Pool, 0, inbox.ConsumerConfig{})
+		// No fail plan: nothing here fails, and a plan read per
+		// application would only load the database.
+		w.run(c, w.db.Pool, sideEffect(c, 0, nil), inbox.ConsumerConfig{})
 	}
 	d, err := outbox.NewDispatcher(w.db.Pool, w.dep.Publisher(), outbox.DispatcherConfig{PollInterval: 10 * time.Millisecond,
 		BackoffBase: 50 * time.Millisecond, BackoffCap: time.Second, MaxAttempts: 50, Logger: quietLogger})

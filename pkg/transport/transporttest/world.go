@@ -156,8 +156,15 @@ func (w *world) consumerConfig(cc inbox.ConsumerConfig) inbox.ConsumerConfig {
 // ends (or the returned stop is called), applying with delay and the plan.
 func (w *world) start(consumer string, db inbox.DB, delay time.Duration, cc inbox.ConsumerConfig) (stop func()) {
 	w.t.Helper()
+	return w.run(consumer, db, sideEffect(consumer, delay, w.planDB), cc)
+}
+
+// run runs the deployment's Runner for consumer over db, applying with
+// apply, until the test ends (or the returned stop is called).
+func (w *world) run(consumer string, db inbox.DB, apply inbox.Apply, cc inbox.ConsumerConfig) (stop func()) {
+	w.t.Helper()
 	cc.Consumer = consumer
-	r, err := w.dep.Runner(consumer, db, sideEffect(consumer, delay, w.planDB), w.consumerConfig(cc))
+	r, err := w.dep.Runner(consumer, db, apply, w.consumerConfig(cc))
 	if err != nil {
 		w.t.Fatal(err)
 	}
