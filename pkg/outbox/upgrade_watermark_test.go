@@ -49,8 +49,12 @@ func TestUpgradeToWatermarkWithBacklog(t *testing.T) {
 		}
 		return nil
 	}}
+	// Generous statement deadlines: the test is about what the upgrade
+	// keeps, and on a loaded machine a mark took longer than the default
+	// MarkTimeout (2 s), so RunOnce reported the released batch as an error.
 	cfg := outbox.DispatcherConfig{BatchSize: 30, MaxRun: 2, Workers: 1, BackoffBase: 20 * time.Millisecond,
-		BackoffCap: 50 * time.Millisecond, PollInterval: 5 * time.Millisecond}
+		BackoffCap: 50 * time.Millisecond, PollInterval: 5 * time.Millisecond,
+		Lease: 30 * time.Second, MarkTimeout: 10 * time.Second, DeadlineMargin: 11 * time.Second}
 	old := newDispatcher(t, db.Pool, rec, cfg)
 	for i := 0; i < 4; i++ {
 		if _, err := old.RunOnce(ctx); err != nil {
