@@ -199,11 +199,13 @@ func TestConfigFromEnv(t *testing.T) {
 	t.Setenv(EnvSubject, "{aggregate_type}.{event_type}.{tenant_id}")
 	t.Setenv(EnvUser, "svc")
 	t.Setenv(EnvPassword, "s3cret")
+	t.Setenv(EnvPingInterval, "3s")
 	c, err := ConfigFromEnv()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Topology.Stream != "BILLING" || c.Topology.DeadLetterStream != "BILLING_DLQ" || c.Topology.SubjectPrefix != "billing" || c.User != "svc" {
+	if c.Topology.Stream != "BILLING" || c.Topology.DeadLetterStream != "BILLING_DLQ" || c.Topology.SubjectPrefix != "billing" || c.User != "svc" ||
+		c.PingInterval != 3*time.Second {
 		t.Errorf("config %+v", c)
 	}
 	m := &outbox.Message{EventType: "paid", AggregateType: "invoice", Attributes: map[string]string{envelope.AttrTenantID: "acme"}}
@@ -216,6 +218,9 @@ func TestConfigFromEnv(t *testing.T) {
 		{EnvStream, "A.B", "stream"},
 		{EnvSubject, "{nope}", "subject"},
 		{EnvCredsFile, "/x.creds", EnvCredsFile},
+		{EnvPingInterval, "often", EnvPingInterval},
+		{EnvPingInterval, "-5s", EnvPingInterval},
+		{EnvPingInterval, "10ms", EnvPingInterval},
 	} {
 		t.Run(tt.env, func(t *testing.T) {
 			t.Setenv(tt.env, tt.value)

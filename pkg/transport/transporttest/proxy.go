@@ -1,9 +1,9 @@
 package transporttest
 
 import (
-	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -11,14 +11,31 @@ import (
 // Proxy is a TCP proxy a test starts in front of a server (PostgreSQL, a
 // broker) and cuts: the server itself is never touched. Cut closes every
 // connection through it; Down also refuses new ones (they are accepted and
-// closed at once) until Up.
+// closed at once) until Up. Partition leaves the connections open and
+// silent, as a network partition does, until Heal.
 type Proxy struct {
 	ln     net.Listener
 	target string
 
 	mu    sync.Mutex
-	conns map[net.Conn]struct{}
+	links map[*link]struct{}
 	down  bool
+}
+
+// link is one client connection and its connection to the server.
+type link struct {
+	client, server net.Conn
+	partitioned    atomic.Bool
+	once           sync.Once
+	released       chan struct{} // closed with the sockets
+}
+
+func (l *link) close() {
+	l.once.Do(func() {
+		_ = l.client.Close()
+		_ = l.server.Close()
+		close(l.released)
+	})
 }
 
 // NewProxy listens on a free loopback port and forwards to target
@@ -29,7 +46,7 @@ func NewProxy(tb testing.TB, target string) *Proxy {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p := &Proxy{ln: ln, target: target, links: map[*link]struct{}{}}
 	go p.accept()
 	tb.Cleanup(func() { _ = ln.Close(); p.Cut() })
 	return p
@@ -56,34 +73,54 @@ func (p *Proxy) accept() {
 			_ = c.Close()
 			continue
 		}
+		l := &link{client: c, server: s, released: make(chan struct{})}
 		p.mu.Lock()
-		p.conns[c], p.conns[s] = struct{}{}, struct{}{}
+		p.links[l] = struct{}{}
 		p.mu.Unlock()
-		go p.pipe(s, c)
-		go p.pipe(c, s)
+		go p.pipe(l, s, c)
+		go p.pipe(l, c, s)
 	}
 }
 
-func (p *Proxy) pipe(dst, src net.Conn) {
-	_, _ = io.Copy(dst, src)
-	_ = dst.Close()
-	_ = src.Close()
+// pipe copies src to dst until either side closes, then closes both; on a
+// partitioned link it stops instead and leaves both open (see Partition).
+func (p *Proxy) pipe(l *link, dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if l.partitioned.Load() {
+			// What was read is lost in the partition. Reading no more lets
+			// the sender's socket buffer fill as with dropped packets, and
+			// neither side sees the other close.
+			<-l.released
+			break
+		}
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				break
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	l.close()
 	p.mu.Lock()
-	delete(p.conns, dst)
-	delete(p.conns, src)
+	delete(p.links, l)
 	p.mu.Unlock()
 }
 
-// Cut closes every connection through the proxy and returns how many
-// client connections it cut; new ones are accepted as usual.
+// Cut closes every connection through the proxy, partitioned ones too, and
+// returns how many client connections it cut; new ones are accepted as
+// usual.
 func (p *Proxy) Cut() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	n := len(p.conns) / 2
-	for c := range p.conns {
-		_ = c.Close()
+	n := len(p.links)
+	for l := range p.links {
+		l.close()
 	}
-	p.conns = map[net.Conn]struct{}{}
+	p.links = map[*link]struct{}{}
 	return n
 }
 
@@ -100,4 +137,39 @@ func (p *Proxy) Up() {
 	p.mu.Lock()
 	p.down = false
 	p.mu.Unlock()
+}
+
+// Partition stops forwarding on every open connection, both ways, and
+// returns how many client connections it partitioned. Their sockets stay
+// open: no FIN or RST reaches either side, even when the client gives up on
+// its connection and closes it, so each side notices only by its own
+// timeouts (pings, keepalives). New connections go through as usual, as
+// when a client reconnects by another path.
+func (p *Proxy) Partition() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for l := range p.links {
+		if !l.partitioned.Swap(true) {
+			n++
+		}
+	}
+	return n
+}
+
+// Heal ends the partition: the partitioned connections are closed at both
+// ends, as the client's reset reaches a server once the network is back
+// (the client has given up on them by then). It returns how many it closed.
+func (p *Proxy) Heal() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for l := range p.links {
+		if l.partitioned.Load() {
+			l.close()
+			delete(p.links, l)
+			n++
+		}
+	}
+	return n
 }
