@@ -269,7 +269,7 @@ func checkClaimAndMarkReads(t *testing.T, setup []setupStep, batch, maxRun, want
 	type counters struct{ seqRead, fetched float64 }
 	read := func() map[string]counters {
 		rows, err := tx.Query(ctx, `SELECT relname, coalesce(seq_tup_read, 0), coalesce(idx_tup_fetch, 0)
-			FROM pg_stat_xact_user_tables WHERE relname IN ('outbox', 'outbox_heads')`)
+			FROM pg_stat_xact_user_tables WHERE relname IN ('outbox', 'outbox_heads') AND schemaname = current_schema()`)
 		if err != nil {
 			t.Fatal(err)
 		}
