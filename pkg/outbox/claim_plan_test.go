@@ -269,7 +269,7 @@ func checkClaimAndMarkReads(t *testing.T, setup []setupStep, batch, maxRun, want
 	type counters struct{ seqRead, fetched float64 }
 	read := func() map[string]counters {
 		rows, err := tx.Query(ctx, `SELECT relname, coalesce(seq_tup_read, 0), coalesce(idx_tup_fetch, 0)
-			FROM pg_stat_xact_user_tables WHERE relname IN ('outbox', 'outbox_heads')`)
+			FROM pg_stat_xact_user_tables WHERE relname IN ('outbox', 'outbox_heads') AND schemaname = current_schema()`)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -303,7 +303,7 @@ func checkClaimAndMarkReads(t *testing.T, setup []setupStep, batch, maxRun, want
 		t.Fatal(err)
 	}
 	var types, ids []string
-	var wakes, next, sent []int64
+	var wakes, next, sent, lens []int64
 	for rows.Next() {
 		var typ, agg string
 		var id, seq, w int64
@@ -311,9 +311,10 @@ func checkClaimAndMarkReads(t *testing.T, setup []setupStep, batch, maxRun, want
 			t.Fatal(err)
 		}
 		if len(ids) == 0 || ids[len(ids)-1] != agg {
-			types, ids, wakes, next = append(types, typ), append(ids, agg), append(wakes, w), append(next, 0)
+			types, ids, wakes, next, lens = append(types, typ), append(ids, agg), append(wakes, w), append(next, 0), append(lens, 0)
 		}
 		next[len(next)-1] = seq + 1
+		lens[len(lens)-1]++
 		sent = append(sent, id)
 	}
 	rows.Close()
@@ -325,14 +326,15 @@ func checkClaimAndMarkReads(t *testing.T, setup []setupStep, batch, maxRun, want
 	if n != wantRuns || len(sent) != wantEvents {
 		t.Fatalf("claimed %d events in %d runs; want %d in %d", len(sent), n, wantEvents, wantRuns)
 	}
-	outcomes, delays, errs, fails := make([]string, n), make([]int64, n), make([]string, n), make([]int64, n)
+	outcomes, delays, errs, fails, ended := make([]string, n), make([]int64, n), make([]string, n), make([]int64, n), make([]bool, n)
 	for i := range outcomes {
 		outcomes[i] = "sent"
+		ended[i] = lens[i] < int64(maxRun) // as the dispatcher's run.ended
 	}
 	before = read()
 	var marked int64
-	if err := tx.QueryRow(ctx, `SELECT outbox_mark_runs('00000000-0000-4000-8000-000000000001', $1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::bigint[], $7::text[], $8::bigint[], $9::bigint[])`,
-		types, ids, wakes, next, outcomes, delays, errs, fails, sent).Scan(&marked); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT outbox_mark_runs('00000000-0000-4000-8000-000000000001', $1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::bigint[], $7::text[], $8::bigint[], $9::boolean[])`,
+		types, ids, wakes, next, outcomes, delays, errs, fails, ended).Scan(&marked); err != nil {
 		t.Fatal(err)
 	}
 	if marked != int64(n) {

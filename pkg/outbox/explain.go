@@ -31,12 +31,14 @@ func claimRowsReadPerEvent(ctx context.Context, db interface {
 		return 0, fmt.Errorf("explain claim: %w", err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // read-only diagnosis, always rolled back
-	// EXPLAIN cannot see inside a function call: explain the function's body
-	// under the function's own settings instead.
-	var body string
+	// EXPLAIN cannot see inside a function call: explain the function's query
+	// under the function's own settings instead, as a prepared statement, so
+	// that plan_cache_mode gives it the plan the function runs (generic since
+	// migrations/00065).
+	var src string
 	var settings []string
-	if err := tx.QueryRow(ctx, sqlClaimFunction).Scan(&body, &settings); err != nil {
-		return 0, fmt.Errorf("explain claim: read outbox_claim: %w", err)
+	if err := tx.QueryRow(ctx, sqlClaimFunction).Scan(&src, &settings); err != nil {
+		return 0, fmt.Errorf("explain claim: read outbox_claim_heads: %w", err)
 	}
 	for _, kv := range settings {
 		name, value, _ := strings.Cut(kv, "=")
@@ -44,9 +46,19 @@ func claimRowsReadPerEvent(ctx context.Context, db interface {
 			return 0, fmt.Errorf("explain claim: apply %s: %w", kv, err)
 		}
 	}
+	stmt := "fifobox_explain_claim_" + strings.ReplaceAll(uuid.NewString(), "-", "")
+	if _, err := tx.Exec(ctx, "PREPARE "+stmt+"(integer, integer, uuid, bigint) AS "+claimQuery(src)); err != nil {
+		return 0, fmt.Errorf("explain claim: prepare: %w", err)
+	}
 	var plan []byte
-	if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+body, int32(batch), int32(batch), uuid.New(), int64(60000)).Scan(&plan); err != nil {
+	// EXECUTE's arguments are literals: a utility statement takes no
+	// parameters (they are numbers and a generated UUID).
+	if err := tx.QueryRow(ctx, fmt.Sprintf("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE %s(%d, %d, '%s', 60000)",
+		stmt, batch, batch, uuid.New())).Scan(&plan); err != nil {
 		return 0, fmt.Errorf("explain claim: %w", err)
+	}
+	if _, err := tx.Exec(ctx, "DEALLOCATE "+stmt); err != nil {
+		return 0, fmt.Errorf("explain claim: deallocate: %w", err)
 	}
 	var doc []struct {
 		Plan planNode `json:"Plan"`
@@ -70,6 +82,18 @@ func claimRowsReadPerEvent(ctx context.Context, db interface {
 		return 0, nil
 	}
 	return read / claimed, nil
+}
+
+// claimQuery is the query in outbox_claim_heads' source: since
+// migrations/00065 a PL/pgSQL function whose query runs from RETURN QUERY to
+// the last semicolon; before, a SQL function that was the query.
+func claimQuery(src string) string {
+	i := strings.Index(src, "RETURN QUERY")
+	j := strings.LastIndex(src, ";")
+	if i < 0 || j < i {
+		return src
+	}
+	return src[i+len("RETURN QUERY") : j]
 }
 
 type planNode struct {

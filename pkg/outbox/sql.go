@@ -23,14 +23,17 @@ SELECT count(*) FROM fifobox_enqueue_events($1::text[], $2::text[], $3::timestam
 // sqlClaim is the dispatcher's claim: outbox_claim_runs, defined with the
 // design it rests on in migrations/00009_outbox_heads.sql (outbox_claim_heads
 // is the claim query itself). It consumes wake-ups, then takes due heads in
-// due order with a run of consecutive events each.
+// due order with a run of consecutive events each. Since migrations/00065
+// the rows are not sorted (they come in claim order by the plan's
+// structure); claim puts each run in sequence order itself.
 //
 // $1 most events, $2 most events per aggregate (run), $3 claim token, $4
 // lease in milliseconds, $5 most wake-ups to consume.
 const sqlClaim = `SELECT * FROM outbox_claim_runs($1::integer, $2::integer, $3::uuid, $4::bigint, $5::integer)`
 
-// sqlClaimFunction reads the claim query's body and settings, so
-// diagnostics can EXPLAIN exactly what it runs.
+// sqlClaimFunction reads the claim function's source (its query: claimQuery
+// in explain.go) and settings, so diagnostics can EXPLAIN exactly what it
+// runs.
 const sqlClaimFunction = `
 SELECT prosrc, coalesce(proconfig, '{}')
 FROM pg_proc WHERE oid = 'outbox_claim_heads(integer, integer, uuid, bigint)'::regprocedure`
@@ -50,14 +53,21 @@ const sqlExtendRun = `SELECT * FROM outbox_extend_run($1::text, $2::text, $3::bi
 // (outbox_idle_heads). $1 types, $2 ids, $3 wakes seen by the claim.
 const sqlIdleHeads = `SELECT outbox_idle_heads($1::text[], $2::text[], $3::bigint[])`
 
-// sqlMark records a claim's outcomes, one row per run (outbox_mark_runs).
-// Only heads still holding the claim's token are touched.
+// sqlMark records a claim's outcomes, one row per run (outbox_mark_runs,
+// the signature of migrations/00065). Only heads still holding the claim's
+// token are touched.
 //
 // $1 token; per run: $2 types, $3 ids, $4 wakes seen by the claim, $5 the
 // head's next sequence, $6 outcome ('sent'|'retry'|'dead'|'released'), $7
-// retry delay ms, $8 error, $9 the failed event's row id (0 if none); $10 the
-// row ids of every published event.
+// retry delay ms, $8 error, $9 the failed event's row id (0 if none), $10
+// whether the claim saw nothing unsent after the run (run.ended).
 const sqlMark = `SELECT outbox_mark_runs($1::uuid, $2::text[], $3::text[], $4::bigint[], $5::bigint[],
+    $6::text[], $7::bigint[], $8::text[], $9::bigint[], $10::boolean[])`
+
+// sqlMarkBefore65 is sqlMark through the signature of migrations/00063,
+// for a schema not yet migrated to 00065: $10 the row ids of every
+// published event (unused since 00030) instead of the claim's hint.
+const sqlMarkBefore65 = `SELECT outbox_mark_runs($1::uuid, $2::text[], $3::text[], $4::bigint[], $5::bigint[],
     $6::text[], $7::bigint[], $8::text[], $9::bigint[], $10::bigint[])`
 
 // sqlRawClaimAndMark is the benchmark's reference: one statement that claims

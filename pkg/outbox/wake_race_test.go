@@ -16,9 +16,30 @@ import (
 // head idle with the producer's event unsent (migration 00061). The mark is
 // held at a first head another transaction locks (heads are written in key
 // order), so its snapshot predates the producer's commit; the consuming
-// claim locks the second head and commits after the mark reaches it.
+// claim locks the second head and commits after the mark reaches it. Both
+// signatures of the mark: the dispatcher's since 00065, told that the claim
+// saw nothing after either run (so it idles both and only the re-check can
+// see race-h's event), and 00063's, kept for dispatchers of the previous
+// version.
 func TestWakeRacesIdleDecision(t *testing.T) {
 	t.Parallel()
+	for _, tc := range []struct {
+		name, mark string
+		last       any
+	}{
+		{"claim saw the end", `SELECT outbox_mark_runs($1::uuid, $2::text[], $3::text[], $4::bigint[], $5::bigint[],
+			$6::text[], $7::bigint[], $8::text[], $9::bigint[], $10::boolean[])`, []bool{true, true}},
+		{"00063 signature", `SELECT outbox_mark_runs($1::uuid, $2::text[], $3::text[], $4::bigint[], $5::bigint[],
+			$6::text[], $7::bigint[], $8::text[], $9::bigint[], $10::bigint[])`, []int64{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			wakeRacesIdleDecision(t, tc.mark, tc.last)
+		})
+	}
+}
+
+func wakeRacesIdleDecision(t *testing.T, mark string, last any) {
 	db := pgtest.New(t)
 	ctx := context.Background()
 	enqueue(t, db.Pool, event("race-a", 1), event("race-h", 1))
@@ -60,9 +81,9 @@ func TestWakeRacesIdleDecision(t *testing.T) {
 	}
 	marked := make(chan error, 1)
 	go func() {
-		_, err := markConn.Exec(ctx, `SELECT outbox_mark_runs($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`, token,
+		_, err := markConn.Exec(ctx, mark, token,
 			[]string{"order", "order"}, []string{"race-a", "race-h"}, []int64{wakes["race-a"], wakes["race-h"]},
-			[]int64{2, 2}, []string{"sent", "sent"}, []int64{0, 0}, []string{"", ""}, []int64{0, 0}, []int64{})
+			[]int64{2, 2}, []string{"sent", "sent"}, []int64{0, 0}, []string{"", ""}, []int64{0, 0}, last)
 		marked <- err
 	}()
 	waitBlocked := func(what string) {
