@@ -96,13 +96,17 @@ const timeOrderedUUID = `(substr(lpad(to_hex((extract(epoch FROM clock_timestamp
 	|| substr(lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1000000)::bigint), 16, '0'), 13, 4)
 	|| substr(gen_random_uuid()::text, 19))::uuid`
 
-// benchBatch is the dispatcher's claim size in the benchmark: 1000 unless
-// FIFOBOX_BENCH_BATCH says otherwise (the raw reference always uses 500).
+// benchBatch is the dispatcher's claim size in the benchmark: the default
+// (what users run) unless FIFOBOX_BENCH_BATCH says otherwise. Until
+// 2026-11-27 it was 1000, twice the default; the raw reference always uses
+// 500.
 func benchBatch() int {
 	if n, _ := strconv.Atoi(os.Getenv("FIFOBOX_BENCH_BATCH")); n > 0 {
 		return n
 	}
-	return 1000
+	var c DispatcherConfig
+	c.setDefaults()
+	return c.BatchSize
 }
 
 // benchWorkers is the dispatcher's Workers in the benchmark: the default
