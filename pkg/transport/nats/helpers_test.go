@@ -8,8 +8,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -22,6 +22,7 @@ import (
 	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/transport"
 	nats "github.com/fifobox/fifobox/pkg/transport/nats"
+	"github.com/fifobox/fifobox/pkg/transport/transporttest"
 )
 
 // quiet is a logger for tests that expect warnings (outages, retries).
@@ -206,108 +207,12 @@ func fastRetry(n int) transport.RetryPolicy {
 	return transport.RetryPolicy{MaxRetries: n, InitialDelay: transport.Duration(50 * time.Millisecond), Multiplier: 2, MaxDelay: transport.Duration(time.Second)}
 }
 
-// proxy is a TCP proxy to the NATS server that the test can cut: Drop
-// closes every connection through it (the clients see the server vanish and
-// reconnect), without touching the server itself.
-type proxy struct {
-	ln     net.Listener
-	target string
-
-	mu     sync.Mutex
-	conns  []net.Conn
-	drops  int
-	paused bool
-}
-
-func newProxy(tb testing.TB) *proxy {
+// newProxy is a transporttest.Proxy in front of the NATS server: a test
+// cuts (Cut), pauses (Pause, Resume) or partitions it without touching the
+// server; proxyURL is its address as a NATS URL.
+func newProxy(tb testing.TB) *transporttest.Proxy {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	target := "127.0.0.1:4222"
-	if u := os.Getenv("FIFOBOX_TEST_NATS_URL"); u != "" {
-		if h, err := parseHost(u); err == nil {
-			target = h
-		}
-	}
-	p := &proxy{ln: ln, target: target}
-	go p.accept()
-	tb.Cleanup(func() { _ = ln.Close(); p.Drop() })
-	return p
+	return transporttest.NewProxy(tb, strings.TrimPrefix(serverURL(), "nats://"))
 }
 
-func parseHost(u string) (string, error) {
-	var host string
-	_, err := fmt.Sscanf(u, "nats://%s", &host)
-	return host, err
-}
-
-// URL is the proxy's address as a NATS URL.
-func (p *proxy) URL() string { return "nats://" + p.ln.Addr().String() }
-
-func (p *proxy) accept() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		s, err := net.DialTimeout("tcp", p.target, 2*time.Second)
-		if err != nil {
-			_ = c.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns = append(p.conns, c, s)
-		p.mu.Unlock()
-		go p.pipe(s, c)
-		go p.pipe(c, s)
-	}
-}
-
-// pipe copies from src to dst, holding bytes back while the proxy is paused.
-func (p *proxy) pipe(dst, src net.Conn) {
-	defer dst.Close()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		for p.isPaused() {
-			time.Sleep(5 * time.Millisecond)
-		}
-		if n > 0 {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-func (p *proxy) isPaused() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.paused
-}
-
-// Pause stops forwarding (the connections stay open: the server seems to
-// hang) until Resume.
-func (p *proxy) Pause() { p.mu.Lock(); p.paused = true; p.mu.Unlock() }
-
-// Resume forwards again.
-func (p *proxy) Resume() { p.mu.Lock(); p.paused = false; p.mu.Unlock() }
-
-// Drop closes every connection through the proxy and returns how many
-// client connections it cut.
-func (p *proxy) Drop() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range p.conns {
-		_ = c.Close()
-	}
-	n := len(p.conns) / 2
-	p.conns = nil
-	p.drops++
-	return n
-}
+func proxyURL(p *transporttest.Proxy) string { return "nats://" + p.Addr() }

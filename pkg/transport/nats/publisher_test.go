@@ -149,7 +149,7 @@ func TestPublishOutcomes(t *testing.T) {
 	px := newProxy(t)
 
 	stalled := base
-	stalled.URL = px.URL()
+	stalled.URL = proxyURL(px)
 	stalled.AckTimeout = 300 * time.Millisecond
 
 	tests := []struct {
@@ -249,14 +249,14 @@ func TestPublisherRecoversFromConnectionLoss(t *testing.T) {
 	t.Parallel()
 	cfg := setup(t, nats.Corewrite())
 	px := newProxy(t)
-	cfg.URL = px.URL()
+	cfg.URL = proxyURL(px)
 	cfg.AckTimeout = time.Second
 	pub := newPublisher(t, cfg)
 	ctx := context.Background()
 	if err := pub.Publish(ctx, []outbox.Message{message(newEvent("doc", "d-1", "doc.written", 1))})[0]; err != nil {
 		t.Fatal(err)
 	}
-	px.Drop()
+	px.Cut()
 	deadline := time.Now().Add(30 * time.Second)
 	var err error
 	for seq := int64(2); time.Now().Before(deadline); seq++ {

@@ -12,10 +12,12 @@ import (
 // broker) and cuts: the server itself is never touched. Cut closes every
 // connection through it; Down also refuses new ones (they are accepted and
 // closed at once) until Up. Partition leaves the connections open and
-// silent, as a network partition does, until Heal.
+// silent, as a network partition does, until Heal. Pause holds every byte
+// back, as a server that hangs, and Resume delivers them.
 type Proxy struct {
 	ln     net.Listener
 	target string
+	paused atomic.Bool
 
 	mu    sync.Mutex
 	links map[*link]struct{}
@@ -28,6 +30,15 @@ type link struct {
 	partitioned    atomic.Bool
 	once           sync.Once
 	released       chan struct{} // closed with the sockets
+}
+
+func (l *link) isReleased() bool {
+	select {
+	case <-l.released:
+		return true
+	default:
+		return false
+	}
 }
 
 func (l *link) close() {
@@ -94,6 +105,9 @@ func (p *Proxy) pipe(l *link, dst, src net.Conn) {
 			// neither side sees the other close.
 			<-l.released
 			break
+		}
+		for p.paused.Load() && !l.partitioned.Load() && !l.isReleased() {
+			time.Sleep(5 * time.Millisecond)
 		}
 		if n > 0 {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
@@ -173,3 +187,10 @@ func (p *Proxy) Heal() int {
 	}
 	return n
 }
+
+// Pause stops forwarding on every connection, new ones too, holding what
+// was sent: both sides see a peer that hangs, not one that is gone.
+func (p *Proxy) Pause() { p.paused.Store(true) }
+
+// Resume forwards again, what was held first.
+func (p *Proxy) Resume() { p.paused.Store(false) }
