@@ -32,21 +32,8 @@ const (
 	benchBatch       = 10 // the dispatcher's default PublishBatchSize
 )
 
-// benchEvents returns n holdco events over n/2 aggregates (two each: only one
-// event per aggregate can be in flight, so deeper aggregates measure rounds,
-// not speed), ~300-byte bodies.
-func benchEvents(n int) []envelope.Envelope {
-	kinds := transporttest.Holdco.Kinds
-	aggs := max(n/2, 1)
-	out := make([]envelope.Envelope, 0, n)
-	for i := 0; i < n; i++ {
-		k := kinds[(i%aggs)%len(kinds)]
-		e := newEvent(k.Type, fmt.Sprintf("%s-%07d", k.Type, i%aggs), k.Events[(i/aggs)%len(k.Events)], int64(i/aggs+1))
-		e.Payload = []byte(fmt.Sprintf(`{"amount_cents":%d,"currency":"EUR","note":"%0200d"}`, i, i))
-		out = append(out, e)
-	}
-	return out
-}
+// benchEvents: the events every transport's throughput benchmark publishes.
+var benchEvents = transporttest.BenchEvents
 
 // BenchmarkThroughRabbitMQ measures dispatcher throughput (PostgreSQL outbox
 // -> Publisher -> holdco's topic exchange and 3 quorum queues) beside the raw

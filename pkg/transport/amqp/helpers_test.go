@@ -2,21 +2,17 @@ package amqp_test
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"io"
 	"log/slog"
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
-	"github.com/fifobox/fifobox/pkg/envelope"
-	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/transport"
 	"github.com/fifobox/fifobox/pkg/transport/amqp"
 	"github.com/fifobox/fifobox/pkg/transport/amqp/amqptest"
+	"github.com/fifobox/fifobox/pkg/transport/transporttest"
 )
 
 // quiet is a logger for tests that expect warnings (outages, retries).
@@ -49,22 +45,12 @@ func newPublisher(t *testing.T, cfg amqp.Config) *amqp.Publisher {
 	return p
 }
 
-// newEvent returns an envelope of one aggregate with sequence seq.
-func newEvent(aggType, aggID, evType string, seq int64) envelope.Envelope {
-	id, _ := uuid.NewV7()
-	return envelope.Envelope{ID: id.String(), Type: evType, OccurredAt: time.Now().UTC(), AggregateType: aggType,
-		AggregateID: aggID, Sequence: seq, TenantID: "acme", SchemaVersion: 1, Payload: json.RawMessage(fmt.Sprintf(`{"seq":%d}`, seq))}
-}
-
-// message is e as the dispatcher would hand it to a publisher.
-func message(e envelope.Envelope) outbox.Message {
-	body, err := e.Encode()
-	if err != nil {
-		panic(err)
-	}
-	return outbox.Message{EventID: e.ID, GroupID: e.AggregateID, AggregateType: e.AggregateType,
-		Sequence: e.Sequence, EventType: e.Type, Body: body, Attributes: e.Attributes(), Attempt: 1}
-}
+// newEvent and message are transporttest's: an event of one aggregate with
+// sequence seq, and an event as the dispatcher hands it to a publisher.
+var (
+	newEvent = transporttest.Event
+	message  = transporttest.Message
+)
 
 // raw is a test's own connection to the vhost, for inspecting queues.
 type raw struct {

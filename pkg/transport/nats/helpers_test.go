@@ -4,8 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
-	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -14,12 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/fifobox/fifobox/pkg/envelope"
-	"github.com/fifobox/fifobox/pkg/outbox"
 	"github.com/fifobox/fifobox/pkg/transport"
 	nats "github.com/fifobox/fifobox/pkg/transport/nats"
 	"github.com/fifobox/fifobox/pkg/transport/transporttest"
@@ -117,22 +112,12 @@ func newPublisher(tb testing.TB, cfg nats.Config) *nats.Publisher {
 	return p
 }
 
-// newEvent returns an envelope of one aggregate with sequence seq.
-func newEvent(aggType, aggID, evType string, seq int64) envelope.Envelope {
-	id, _ := uuid.NewV7()
-	return envelope.Envelope{ID: id.String(), Type: evType, OccurredAt: time.Now().UTC(), AggregateType: aggType,
-		AggregateID: aggID, Sequence: seq, TenantID: "acme", SchemaVersion: 1, Payload: json.RawMessage(fmt.Sprintf(`{"seq":%d}`, seq))}
-}
-
-// message is e as the dispatcher would hand it to a publisher.
-func message(e envelope.Envelope) outbox.Message {
-	body, err := e.Encode()
-	if err != nil {
-		panic(err)
-	}
-	return outbox.Message{EventID: e.ID, GroupID: e.AggregateID, AggregateType: e.AggregateType,
-		Sequence: e.Sequence, EventType: e.Type, Body: body, Attributes: e.Attributes(), Attempt: 1}
-}
+// newEvent and message are transporttest's: an event of one aggregate with
+// sequence seq, and an event as the dispatcher hands it to a publisher.
+var (
+	newEvent = transporttest.Event
+	message  = transporttest.Message
+)
 
 // raw is a test's own connection, for inspecting streams.
 type raw struct {

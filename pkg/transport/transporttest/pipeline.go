@@ -8,14 +8,12 @@ package transporttest
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fifobox/fifobox/pkg/envelope"
@@ -182,11 +180,7 @@ func (p *pipeline) produce(nAgg, perAgg int, dur time.Duration, kinds []AggKind)
 }
 
 // event is a new event of an aggregate; the outbox numbers it.
-func event(aggType, aggID, evType string) envelope.Envelope {
-	id, _ := uuid.NewV7()
-	return envelope.Envelope{ID: id.String(), Type: evType, OccurredAt: time.Now().UTC(), AggregateType: aggType,
-		AggregateID: aggID, TenantID: "acme", SchemaVersion: 1, Payload: json.RawMessage(`{"seq":0}`)}
-}
+func event(aggType, aggID, evType string) envelope.Envelope { return Event(aggType, aggID, evType, 0) }
 
 // expect returns consumer -> the ids of the events routed to it.
 func (p *pipeline) expect() map[string]map[string]bool {

@@ -194,10 +194,32 @@ func (w *world) settlements(match func(inbox.Settlement) bool) []inbox.Settlemen
 func events(agg string, from int64, n int) []envelope.Envelope {
 	out := make([]envelope.Envelope, n)
 	for i := range out {
-		id, _ := uuid.NewV7()
-		seq := from + int64(i)
-		out[i] = envelope.Envelope{ID: id.String(), Type: "thing.changed", OccurredAt: time.Now().UTC(), AggregateType: "thing",
-			AggregateID: agg, Sequence: seq, TenantID: "acme", SchemaVersion: 1, Payload: json.RawMessage(fmt.Sprintf(`{"seq":%d}`, seq))}
+		out[i] = Event("thing", agg, "thing.changed", from+int64(i))
+	}
+	return out
+}
+
+// Event returns a new event (UUIDv7 id, tenant acme) of one aggregate with
+// sequence seq (0: the outbox numbers it).
+func Event(aggType, aggID, evType string, seq int64) envelope.Envelope {
+	id, _ := uuid.NewV7()
+	return envelope.Envelope{ID: id.String(), Type: evType, OccurredAt: time.Now().UTC(), AggregateType: aggType,
+		AggregateID: aggID, Sequence: seq, TenantID: "acme", SchemaVersion: 1, Payload: json.RawMessage(fmt.Sprintf(`{"seq":%d}`, seq))}
+}
+
+// BenchEvents returns n holdco events over n/2 aggregates (two each: only
+// one event per aggregate can be in flight, so deeper aggregates measure
+// rounds, not speed), ~300-byte bodies: what the transports' throughput
+// benchmarks publish.
+func BenchEvents(n int) []envelope.Envelope {
+	kinds := Holdco.Kinds
+	aggs := max(n/2, 1)
+	out := make([]envelope.Envelope, 0, n)
+	for i := 0; i < n; i++ {
+		k := kinds[(i%aggs)%len(kinds)]
+		e := Event(k.Type, fmt.Sprintf("%s-%07d", k.Type, i%aggs), k.Events[(i/aggs)%len(k.Events)], int64(i/aggs+1))
+		e.Payload = []byte(fmt.Sprintf(`{"amount_cents":%d,"currency":"EUR","note":"%0200d"}`, i, i))
+		out = append(out, e)
 	}
 	return out
 }
